@@ -158,4 +158,7 @@ MRC_API const mrc_backend_t *mrc_backend_null(void);
 }
 #endif
 
+#include "mrcache/backends.h" /* NOLINT(llvm-include-order): needs the types above */
+#include "mrcache/segment.h"
+
 #endif /* MRCACHE_MRCACHE_H */
