@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Enforces the layer order of SOURCES.md on every #include of the library's sources:
+#
+#   layer 0  include/mrcache/  may include: mrcache/                      third-party: none
+#   layer 1  pgtable/          may include: mrcache/ pgtable/             third-party: none
+#   layer 2  uffd/             may include: mrcache/ pgtable/check.h uffd/    liburing
+#   layer 2  backends/         may include: mrcache/ pgtable/check.h backends/ liburing, rdma-core
+#   layer 3  core/             may include: every layer above and core/   fmt, libnuma, all above
+#   layer 4  tools/ tests/     not checked (they see the library and its private headers)
+#
+# Standard C, C++ and POSIX/Linux headers are always allowed. An include is resolved like the
+# compiler does: first next to the including file, then from the source root and include/.
+# Exit 1 with one line per violation.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+
+# Third-party headers, by library, as they appear in #include lines.
+tp_uring='^liburing(\.h|/)'
+tp_verbs='^(infiniband|rdma)/'
+tp_fmt='^fmt/'
+tp_numa='^(numa|numaif|numacompat1)\.h$'
+tp_test='^(gtest|gmock|benchmark|CLI|nlohmann)/'
+tp_ucx='^(ucs|uct|ucp|ucm)/'
+
+# layer_of PATH (relative to the root) -> layer name, or "" when it is not one of ours.
+layer_of() {
+  case $1 in
+    include/mrcache/*) echo public ;;
+    pgtable/*) echo pgtable ;;
+    uffd/*) echo uffd ;;
+    backends/*) echo backends ;;
+    core/*) echo core ;;
+    tools/*) echo tools ;;
+    tests/*) echo tests ;;
+    *) echo "" ;;
+  esac
+}
+
+# allowed_internal LAYER TARGET_PATH -> 0 when LAYER may include TARGET_PATH.
+allowed_internal() {
+  local layer=$1 target=$2 tl
+  tl=$(layer_of "$target")
+  [[ $tl == "$layer" ]] && return 0
+  case $layer:$tl in
+    pgtable:public) return 0 ;;
+    uffd:public | backends:public) return 0 ;;
+    uffd:pgtable | backends:pgtable) [[ $target == pgtable/check.h ]] && return 0 ;;
+    core:public | core:pgtable | core:uffd | core:backends) return 0 ;;
+  esac
+  return 1
+}
+
+# allowed_external LAYER HEADER -> 0 when LAYER may include the non-project HEADER.
+allowed_external() {
+  local layer=$1 h=$2
+  [[ $h =~ $tp_test || $h =~ $tp_ucx ]] && return 1
+  case $layer in
+    public | pgtable)
+      [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+    uffd)
+      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+    backends)
+      [[ $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+  esac
+  return 0
+}
+
+# resolve FILE HEADER -> the project path HEADER names, or "" for a header from outside.
+resolve() {
+  local dir candidate rel
+  dir=$(dirname "$1")
+  for candidate in "$dir/$2" "$2" "include/$2"; do
+    if [[ -f $candidate ]]; then
+      rel=$(realpath -m --relative-to="$root" "$candidate")
+      [[ $rel == ../* ]] || { echo "$rel"; return; }
+    fi
+  done
+  # Not on disk (yet): judge by the path.
+  if [[ $2 == ./* || $2 == ../* ]]; then
+    realpath -m --relative-to="$root" "$dir/$2"
+    return
+  fi
+  case $2 in
+    mrcache/*) echo "include/$2" ;;
+    pgtable/* | uffd/* | backends/* | core/* | tools/* | tests/*) echo "$2" ;;
+    *) echo "" ;;
+  esac
+}
+
+violations=0
+checked=0
+mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard -- \
+  'include/mrcache/*' 'pgtable/*' 'uffd/*' 'backends/*' 'core/*')
+for f in "${files[@]}"; do
+  [[ -f $f && $f =~ \.(h|hpp|hh|c|cc|cpp|inc|ipp)$ ]] || continue
+  layer=$(layer_of "$f")
+  checked=$((checked + 1))
+  while IFS= read -r line; do
+    lineno=${line%%:*}
+    text=${line#*:}
+    [[ $text =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\<\"]([^\>\"]+)[\>\"] ]] || continue
+    header=${BASH_REMATCH[1]}
+    target=$(resolve "$f" "$header")
+    if [[ -n $target ]]; then
+      allowed_internal "$layer" "$target" && continue
+      why="layer $layer may not include $target"
+    else
+      allowed_external "$layer" "$header" && continue
+      why="layer $layer may not use the third-party header <$header>"
+    fi
+    echo "$f:$lineno: $why (SOURCES.md)"
+    violations=$((violations + 1))
+  done < <(grep -nE '^[[:space:]]*#[[:space:]]*include' "$f" || true)
+done
+
+if ((violations)); then
+  echo "check-layers: $violations include(s) break the layer order of SOURCES.md"
+  exit 1
+fi
+echo "check-layers: $checked files obey the layer order"
