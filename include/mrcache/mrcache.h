@@ -71,6 +71,8 @@ typedef struct {
     size_t verify_pfn_pages;        /* pages checked per hit with MRC_FLAG_VERIFY_PFN; 0 = 1 */
     size_t alignment;               /* registration alignment in bytes (power of two, >= page);
                                        0 = the page size */
+    mrc_status_t env_status;        /* set by mrc_cache_params_init when an MRC_* variable is
+                                       malformed; mrc_cache_create then refuses the params */
 } mrc_cache_params_t;
 
 typedef struct {
@@ -93,6 +95,10 @@ MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
 /* A region covering [addr, addr+len) with at least `prot`, one reference held. */
 MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
                              mrc_region_t **out);
+/* The same, with the registration aligned to `alignment` (a power of two >= the page size; 0 =
+ * the cache's alignment): what a transport needs when its hardware wants aligned regions. */
+MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
+                                     unsigned prot, mrc_region_t **out);
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);
 /* Drop `region` from the cache now; done(arg) runs once after its deregistration (after the
  * last mrc_put when it is in use). The caller's reference, if any, stays the caller's. */
@@ -106,6 +112,9 @@ MRC_API void *mrc_region_handle(const mrc_region_t *region);
 MRC_API unsigned mrc_region_prot(const mrc_region_t *region);
 
 MRC_API mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats);
+/* Deregisters every cached region not in use; regions in use leave the cache and are
+ * deregistered at their last mrc_put. */
+MRC_API mrc_status_t mrc_cache_purge(mrc_cache_t *cache);
 /* The statistics and the size histogram as one JSON object; returns the length snprintf
  * would (so a second call with a larger buffer gets all of it), or a negative status. */
 MRC_API int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len);

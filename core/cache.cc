@@ -1,0 +1,745 @@
+#include "core/cache.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/pfn.h"
+#include "pgtable/check.h"
+#include "pgtable/epoch.h"
+
+namespace mrc {
+namespace {
+
+constexpr uintptr_t kPageSize = uintptr_t{1} << PageTable::kPageShift;
+constexpr unsigned kValidProt = MRC_PROT_READ | MRC_PROT_WRITE;
+// Regions handled per page-table walk while collecting overlaps (bounded stack space).
+constexpr size_t kBatch = 32;
+
+constexpr bool is_power_of_two(size_t value) { return value != 0 && (value & (value - 1)) == 0; }
+
+// Collects up to kBatch regions overlapping [from, to), in address order.
+size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
+                           Region *(&out)[kBatch]) noexcept {
+  size_t count = 0;
+  table.for_each_overlapping(from, to, [&](PgtRegion *found) {
+    if (count < kBatch) out[count++] = static_cast<Region *>(found);
+  });
+  return count;
+}
+
+void delete_region(void *region) noexcept { delete static_cast<Region *>(region); }
+
+}  // namespace
+
+// ---- the process's caches, for fork ----------------------------------------------------------
+
+// Keeps fork safe: prepare takes every cache mutex (after purging caches that asked for it) so
+// that the child never inherits a mutex held by a thread that does not exist there.
+struct CacheRegistry {
+  static std::mutex &mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static Cache *&head() {
+    static Cache *h = nullptr;
+    return h;
+  }
+  static void add(Cache *cache) {
+    static std::once_flag once;
+    std::call_once(once, [] { pthread_atfork(&prepare, &after, &after); });
+    std::lock_guard lock(mutex());
+    cache->fork_next_ = head();
+    head() = cache;
+  }
+  static void remove(Cache *cache) {
+    std::lock_guard lock(mutex());
+    for (Cache **link = &head(); *link != nullptr; link = &(*link)->fork_next_) {
+      if (*link == cache) {
+        *link = cache->fork_next_;
+        return;
+      }
+    }
+  }
+  static void prepare() {
+    mutex().lock();
+    for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
+      if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0) cache->purge(true);
+      cache->mutex_.lock();
+    }
+  }
+  static void after() {
+    for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
+      cache->mutex_.unlock();
+    }
+    mutex().unlock();
+  }
+};
+
+// ---- creation ---------------------------------------------------------------------------------
+
+mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexcept {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  if ((params.flags & ~static_cast<unsigned>(MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN)) != 0) {
+    return MRC_ERR_INVALID;
+  }
+  if (params.alignment != 0 && (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
+    return MRC_ERR_INVALID;
+  }
+  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
+  const mrc_backend_t *backend = params.backend != nullptr ? params.backend : mrc_backend_null();
+  if (backend->reg == nullptr || backend->dereg == nullptr) return MRC_ERR_INVALID;
+
+  Cache *cache = new (std::nothrow) Cache();
+  if (cache == nullptr) return MRC_ERR_NO_MEMORY;
+  if (params.name != nullptr) std::snprintf(cache->name_, sizeof(cache->name_), "%s", params.name);
+  cache->backend_ = backend;
+  cache->backend_ctx_ = params.backend_ctx;
+  cache->max_regions_ = params.max_regions;
+  cache->max_bytes_ = params.max_bytes;
+  cache->max_unreleased_ = params.max_unreleased;
+  cache->flags_ = params.flags;
+  cache->alignment_ = params.alignment != 0 ? params.alignment : kPageSize;
+  cache->print_stats_ = config::stats_at_destroy();
+  if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {
+    char why[160];
+    if (!pfn::available(why, sizeof why)) {
+      MRC_LOG_WARN("cache {}: PFN verification disabled: {}", cache->name_, why);
+      cache->flags_ &= ~static_cast<unsigned>(MRC_FLAG_VERIFY_PFN);
+    } else {
+      cache->verify_pfn_pages_ = params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1;
+    }
+  }
+  mrc_status_t status = uffd::Monitor::subscribe(&cache->consumer_);
+  if (status != MRC_OK) {
+    delete cache;
+    return status;
+  }
+  CacheRegistry::add(cache);
+  MRC_LOG_DEBUG("cache {} created (backend {}, monitor mode {})", cache->name_, backend->name,
+                static_cast<int>(cache->consumer_->mode()));
+  *out = cache;
+  return MRC_OK;
+}
+
+Cache::~Cache() {
+  if (consumer_ != nullptr) uffd::Monitor::unsubscribe(consumer_);
+}
+
+void Cache::destroy(Cache *cache) noexcept {
+  if (cache == nullptr) return;
+  CacheRegistry::remove(cache);
+  cache->purge(true);
+  cache->collect_garbage();
+  // Whatever is left is still referenced by the application: deregister it anyway.
+  size_t in_use = 0;
+  Region *leftover = nullptr;
+  {
+    std::lock_guard lock(cache->mutex_);
+    leftover = cache->live_head_;
+    cache->live_head_ = nullptr;
+  }
+  for (Region *region = leftover; region != nullptr;) {
+    Region *next = region->live_next;
+    region->live_prev = region->live_next = nullptr;
+    ++in_use;
+    region->refcount.store(0, std::memory_order_relaxed);
+    cache->retire(region);
+    region = next;
+  }
+  if (in_use != 0) {
+    MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
+                 cache->name_, in_use);
+  }
+  if (cache->print_stats_) {
+    char buffer[4096];
+    if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
+  }
+  epoch_domain().synchronize();
+  delete cache;
+}
+
+// ---- get / put --------------------------------------------------------------------------------
+
+mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsigned prot,
+                        Region **out) noexcept {
+  if (out == nullptr || length == 0 || prot == 0 || (prot & ~kValidProt) != 0) {
+    return MRC_ERR_INVALID;
+  }
+  if (alignment != 0 && (!is_power_of_two(alignment) || alignment < kPageSize)) {
+    return MRC_ERR_INVALID;
+  }
+  uintptr_t request_end = 0;
+  if (__builtin_add_overflow(address, length, &request_end)) return MRC_ERR_INVALID;
+  const uintptr_t align = std::max<uintptr_t>(alignment, alignment_);
+  const uintptr_t start = address & ~(align - 1);
+  uintptr_t end = 0;
+  if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
+  end &= ~(align - 1);
+
+  hot_.add(Counter::Gets);
+  if (get_fast(address, request_end, prot, out)) {
+    hot_.add(Counter::HitsFast);
+    return MRC_OK;
+  }
+  return get_slow(start, end, prot, out);
+}
+
+bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
+                     Region **out) noexcept {
+  if (!consumer_->quiescent()) return false;
+  Region *region = nullptr;
+  {
+    EpochGuard guard;
+    PgtRegion *found = table_.lookup(address);
+    if (found == nullptr) return false;
+    region = static_cast<Region *>(found);
+    // end and prot never change once a region is published in the table.
+    if (region->end < request_end || (region->prot & prot) != prot) return false;
+    if (!region->try_acquire()) return false;
+  }
+  uint32_t flags = region->flags.load(std::memory_order_acquire);
+  if ((flags & (Region::kInvalid | Region::kFailed)) != 0) {
+    release(region);
+    return false;
+  }
+  if ((flags & Region::kReferenced) == 0) {
+    region->flags.fetch_or(Region::kReferenced, std::memory_order_relaxed);
+  }
+  if (verify_pfn_pages_ != 0 && !verify_pfns(region)) {
+    release(region);
+    return false;
+  }
+  *out = region;
+  return true;
+}
+
+void Cache::put(Region *region) noexcept {
+  hot_.add(Counter::Puts);
+  release(region);
+}
+
+bool Cache::verify_pfns(Region *region) noexcept {
+  if (pfn::matches(region->start, region->pfns, region->pfn_count)) return true;
+  pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);
+  MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
+                region->start, region->end);
+  std::lock_guard lock(mutex_);
+  if (region->has(Region::kInTable)) {
+    invalidations_.fetch_add(1, std::memory_order_relaxed);
+    remove_locked(region);
+  }
+  return false;
+}
+
+mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
+  mrc_status_t status = MRC_OK;
+  Region *hit = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    drain_locked();
+    auto *region = static_cast<Region *>(table_.lookup(start));
+    if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {
+      if (region->has(Region::kFailed)) {
+        // A remembered failure: the memory has not changed since (no event removed it).
+        registration_failures_.fetch_add(1, std::memory_order_relaxed);
+        status = region->failure;
+      } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
+        region->flags.fetch_or(Region::kReferenced, std::memory_order_relaxed);
+        hits_slow_.fetch_add(1, std::memory_order_relaxed);
+        hit = region;
+      }
+    }
+    if (status == MRC_OK && hit == nullptr) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      status = register_locked(start, end, prot, &hit);
+    }
+  }
+  run_deferred();
+  collect_garbage();
+  if (status == MRC_OK) *out = hit;
+  return status;
+}
+
+// ---- the slow path under mutex_ -------------------------------------------------------------
+
+void Cache::drain_locked() noexcept {
+  uffd::DrainResult result = consumer_->drain([this](const uffd::Invalidation &record) {
+    unmap_events_.fetch_add(1, std::memory_order_relaxed);
+    invalidate_range_locked(record.start, record.end);
+  });
+  switch (result) {
+    case uffd::DrainResult::Ok: break;
+    case uffd::DrainResult::Overflow:
+      MRC_LOG_INFO("cache {}: invalidation queue overflowed; purging every region", name_);
+      purges_.fetch_add(1, std::memory_order_relaxed);
+      purge_locked(true);
+      break;
+    case uffd::DrainResult::Forked: {
+      // In a forked child: the parent owns every registration; forget them all.
+      purge_locked(false);
+      Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
+      for (Region *region = garbage; region != nullptr; region = region->gc_next) {
+        region->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
+      }
+      for (Region *region = live_head_; region != nullptr; region = region->live_next) {
+        region->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
+      }
+      while (garbage != nullptr) {
+        Region *next = garbage->gc_next;
+        garbage->gc_next = deferred_;
+        deferred_ = garbage;
+        garbage = next;
+      }
+      garbage_bytes_.store(0, std::memory_order_relaxed);
+      break;
+    }
+  }
+}
+
+void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
+  start &= ~(kPageSize - 1);
+  end = (end + kPageSize - 1) & ~(kPageSize - 1);
+  Region *batch[kBatch];
+  for (size_t count; (count = collect_overlapping(table_, start, end, batch)) != 0;) {
+    for (size_t i = 0; i < count; ++i) {
+      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      remove_locked(batch[i]);
+    }
+  }
+}
+
+void Cache::remove_locked(Region *region) noexcept {
+  MRC_CHECK(table_.remove(region) == MRC_OK);
+  --table_entries_;
+  const uint32_t old_flags =
+      region->flags.fetch_or(Region::kInvalid, std::memory_order_release);
+  region->flags.fetch_and(~static_cast<uint32_t>(Region::kInTable), std::memory_order_release);
+  lru_remove_locked(region);
+  if ((old_flags & Region::kRegistered) != 0) {
+    --cached_regions_;
+    cached_bytes_ -= region->length();
+  }
+  if (region->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    defer_locked(region);
+  } else if ((old_flags & Region::kRegistered) != 0) {
+    unreleased_bytes_.fetch_add(region->length(), std::memory_order_relaxed);
+  }
+}
+
+void Cache::purge_locked(bool deregister) noexcept {
+  Region *batch[kBatch];
+  for (size_t count; (count = collect_overlapping(table_, 0, ~uintptr_t{0}, batch)) != 0;) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!deregister) batch[i]->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
+      remove_locked(batch[i]);
+    }
+  }
+}
+
+void Cache::purge(bool deregister) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    purge_locked(deregister);
+  }
+  run_deferred();
+}
+
+void Cache::evict_locked() noexcept {
+  auto over_limit = [this] {
+    return (max_regions_ != 0 && table_entries_ > max_regions_) ||
+           (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
+  };
+  // CLOCK: two passes clear every reference bit, a third finds any unused region left.
+  size_t budget = 3 * table_entries_;
+  while (over_limit() && lru_hand_ != nullptr && budget-- != 0) {
+    Region *region = lru_hand_;
+    lru_hand_ = region->lru_next;
+    if (region->refcount.load(std::memory_order_acquire) != 1) continue;  // in use: never
+    const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+    if ((flags & Region::kReferenced) != 0 && (flags & Region::kFailed) == 0) {
+      region->flags.fetch_and(~static_cast<uint32_t>(Region::kReferenced),
+                              std::memory_order_relaxed);
+      continue;
+    }
+    evictions_.fetch_add(1, std::memory_order_relaxed);
+    remove_locked(region);
+  }
+}
+
+bool Cache::can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
+  for (uintptr_t address = start; address < end;) {
+    uffd::Mapping mapping{};
+    if (uffd::query_mapping(address, &mapping) != MRC_OK || mapping.start > address) return false;
+    if ((prot & MRC_PROT_READ) != 0 && (mapping.prot & PROT_READ) == 0) return false;
+    if ((prot & MRC_PROT_WRITE) != 0 && (mapping.prot & PROT_WRITE) == 0) return false;
+    address = mapping.end;
+  }
+  return true;
+}
+
+mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot,
+                                    Region **out) noexcept {
+  // Merge with every overlapping or adjacent region whose protection the memory allows.
+  uintptr_t merged_start = start;
+  uintptr_t merged_end = end;
+  unsigned merged_prot = prot;
+  Region *batch[kBatch];
+  for (;;) {
+    const uintptr_t from = merged_start != 0 ? merged_start - 1 : 0;
+    const uintptr_t to = merged_end != ~uintptr_t{0} ? merged_end + 1 : merged_end;
+    bool changed = false;
+    size_t count = collect_overlapping(table_, from, to, batch);
+    for (size_t i = 0; i < count; ++i) {
+      Region *region = batch[i];
+      const bool overlaps = region->start < merged_end && region->end > merged_start;
+      if (region->has(Region::kFailed)) {
+        if (overlaps) {
+          remove_locked(region);  // retried now: forget the old failure
+          changed = true;
+        }
+        continue;
+      }
+      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start);
+      const uintptr_t union_end = std::max<uintptr_t>(merged_end, region->end);
+      const unsigned union_prot = merged_prot | region->prot;
+      const bool widens = union_prot != region->prot || union_prot != merged_prot;
+      if (!widens || can_widen_locked(union_start, union_end, union_prot)) {
+        merged_start = union_start;
+        merged_end = union_end;
+        merged_prot = union_prot;
+        merges_.fetch_add(1, std::memory_order_relaxed);
+        remove_locked(region);
+        changed = true;
+      } else if (overlaps) {
+        // Cannot merge and cannot coexist: it leaves the table, its users keep it.
+        invalidations_.fetch_add(1, std::memory_order_relaxed);
+        remove_locked(region);
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+
+  // Watch before registering: an unmap between the two is then seen (DESIGN.md).
+  bool watched = false;
+  const uffd::WatchResult watch = consumer_->watch(merged_start, merged_end - merged_start);
+  watched = watch == uffd::WatchResult::Watched;
+  void *handle = nullptr;
+  uint64_t key = 0;
+  mrc_status_t status =
+      backend_->reg(backend_ctx_, reinterpret_cast<void *>(merged_start), merged_end - merged_start,
+                    merged_prot, &handle, &key);
+  if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
+    MRC_LOG_DEBUG("cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
+                  "alone", name_, merged_start, merged_end, mrc_status_string(status));
+    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    merged_start = start;
+    merged_end = end;
+    merged_prot = prot;
+    watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
+    status = backend_->reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot,
+                           &handle, &key);
+  }
+
+  Region *region = new (std::nothrow) Region();
+  if (region == nullptr) {
+    if (status == MRC_OK) backend_->dereg(backend_ctx_, handle);
+    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    return MRC_ERR_NO_MEMORY;
+  }
+  region->start = merged_start;
+  region->end = merged_end;
+  region->prot = merged_prot;
+  region->cache = this;
+
+  if (status != MRC_OK) {
+    registration_failures_.fetch_add(1, std::memory_order_relaxed);
+    MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_->name,
+                  merged_start, merged_end, mrc_status_string(status));
+    if (!watched) {  // nothing would tell us when the memory changes: do not remember
+      delete region;
+      return status;
+    }
+    // Remember the failure until the memory changes, so a retry storm never reaches the backend.
+    region->failure = status;
+    region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
+                        std::memory_order_relaxed);
+    region->refcount.store(1, std::memory_order_relaxed);
+    MRC_CHECK(table_.insert(region) == MRC_OK);
+    ++table_entries_;
+    live_insert_locked(region);
+    lru_insert_locked(region);
+    evict_locked();
+    return status;
+  }
+
+  region->handle = handle;
+  region->key = key;
+  registrations_.fetch_add(1, std::memory_order_relaxed);
+  live_regions_.fetch_add(1, std::memory_order_relaxed);
+  live_bytes_.fetch_add(region->length(), std::memory_order_relaxed);
+  size_histogram_[63 - std::countl_zero(static_cast<uint64_t>(region->length()))].fetch_add(
+      1, std::memory_order_relaxed);
+  if (verify_pfn_pages_ != 0) {
+    region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
+    region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
+    if (region->pfns == nullptr || !pfn::read(region->start, region->pfns, region->pfn_count)) {
+      delete[] region->pfns;
+      region->pfns = nullptr;
+      region->pfn_count = 0;
+    }
+  }
+  live_insert_locked(region);
+  if (!watched) {
+    uncacheable_.fetch_add(1, std::memory_order_relaxed);
+    region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
+                        std::memory_order_relaxed);
+    region->refcount.store(1, std::memory_order_relaxed);
+    *out = region;
+    return MRC_OK;
+  }
+  region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched |
+                          Region::kReferenced,
+                      std::memory_order_relaxed);
+  region->refcount.store(2, std::memory_order_relaxed);  // the table's and the caller's
+  MRC_CHECK(table_.insert(region) == MRC_OK);            // overlaps were removed above
+  ++table_entries_;
+  ++cached_regions_;
+  cached_bytes_ += region->length();
+  lru_insert_locked(region);
+  evict_locked();
+  *out = region;
+  return MRC_OK;
+}
+
+void Cache::lru_insert_locked(Region *region) noexcept {
+  if (lru_hand_ == nullptr) {
+    region->lru_prev = region->lru_next = region;
+    lru_hand_ = region;
+    return;
+  }
+  // Just behind the hand: the last to be considered.
+  region->lru_next = lru_hand_;
+  region->lru_prev = lru_hand_->lru_prev;
+  lru_hand_->lru_prev->lru_next = region;
+  lru_hand_->lru_prev = region;
+}
+
+void Cache::lru_remove_locked(Region *region) noexcept {
+  if (region->lru_next == nullptr) return;
+  if (region->lru_next == region) {
+    lru_hand_ = nullptr;
+  } else {
+    region->lru_prev->lru_next = region->lru_next;
+    region->lru_next->lru_prev = region->lru_prev;
+    if (lru_hand_ == region) lru_hand_ = region->lru_next;
+  }
+  region->lru_prev = region->lru_next = nullptr;
+}
+
+void Cache::live_insert_locked(Region *region) noexcept {
+  region->live_prev = nullptr;
+  region->live_next = live_head_;
+  if (live_head_ != nullptr) live_head_->live_prev = region;
+  live_head_ = region;
+}
+
+// ---- releasing --------------------------------------------------------------------------------
+
+void Cache::release(Region *region) noexcept {
+  if (region->refcount.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  const uint32_t flags = region->flags.load(std::memory_order_acquire);
+  if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
+      (flags & Region::kForgotten) == 0) {
+    // Deferred: deregistration is batched until max_unreleased bytes wait or the slow path runs.
+    Region *head = garbage_.load(std::memory_order_relaxed);
+    do {
+      region->gc_next = head;
+    } while (!garbage_.compare_exchange_weak(head, region, std::memory_order_release,
+                                             std::memory_order_relaxed));
+    if (garbage_bytes_.fetch_add(region->length(), std::memory_order_relaxed) +
+            region->length() > max_unreleased_) {
+      collect_garbage();
+    }
+    return;
+  }
+  retire(region);
+}
+
+void Cache::collect_garbage() noexcept {
+  if (garbage_.load(std::memory_order_relaxed) == nullptr) return;
+  Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
+  while (garbage != nullptr) {
+    Region *next = garbage->gc_next;
+    garbage_bytes_.fetch_sub(garbage->length(), std::memory_order_relaxed);
+    retire(garbage);
+    garbage = next;
+  }
+}
+
+void Cache::defer_locked(Region *region) noexcept {
+  region->gc_next = deferred_;
+  deferred_ = region;
+}
+
+void Cache::run_deferred() noexcept {
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    deferred = deferred_;
+    deferred_ = nullptr;
+  }
+  while (deferred != nullptr) {
+    Region *next = deferred->gc_next;
+    retire(deferred);
+    deferred = next;
+  }
+}
+
+// The end of a region: its count is zero and it is out of the table. Never under mutex_.
+void Cache::retire(Region *region) noexcept {
+  const uint32_t flags = region->flags.load(std::memory_order_acquire);
+  const bool forgotten = (flags & Region::kForgotten) != 0;
+  InvalidateCallback *callbacks = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (region->live_prev != nullptr) {
+      region->live_prev->live_next = region->live_next;
+    } else if (live_head_ == region) {
+      live_head_ = region->live_next;
+    }
+    if (region->live_next != nullptr) region->live_next->live_prev = region->live_prev;
+    region->live_prev = region->live_next = nullptr;
+    callbacks = region->callbacks;
+    region->callbacks = nullptr;
+  }
+  if ((flags & Region::kRegistered) != 0) {
+    if (!forgotten) {
+      backend_->dereg(backend_ctx_, region->handle);
+      deregistrations_.fetch_add(1, std::memory_order_relaxed);
+    }
+    live_regions_.fetch_sub(1, std::memory_order_relaxed);
+    live_bytes_.fetch_sub(region->length(), std::memory_order_relaxed);
+    if ((flags & (Region::kInvalid | Region::kUncached)) == Region::kInvalid) {
+      // Counted as unreleased when it left the table while referenced.
+      uint64_t unreleased = unreleased_bytes_.load(std::memory_order_relaxed);
+      while (unreleased != 0 &&
+             !unreleased_bytes_.compare_exchange_weak(
+                 unreleased, unreleased - std::min<uint64_t>(unreleased, region->length()),
+                 std::memory_order_relaxed)) {
+      }
+    }
+  }
+  if ((flags & Region::kWatched) != 0 && !forgotten) {
+    consumer_->unwatch(region->start, region->length());
+  }
+  while (callbacks != nullptr) {
+    InvalidateCallback *next = callbacks->next;
+    callbacks->done(callbacks->arg);
+    delete callbacks;
+    callbacks = next;
+  }
+  delete[] region->pfns;
+  region->pfns = nullptr;
+  epoch_domain().retire(region, &delete_region);
+}
+
+// ---- invalidate, statistics ---------------------------------------------------------------------
+
+mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) noexcept {
+  if (region == nullptr || region->cache != this || region->has(Region::kFailed)) {
+    return MRC_ERR_INVALID;
+  }
+  InvalidateCallback *callback = nullptr;
+  if (done != nullptr) {
+    callback = new (std::nothrow) InvalidateCallback{done, arg, nullptr};
+    if (callback == nullptr) return MRC_ERR_NO_MEMORY;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (callback != nullptr) {
+      callback->next = region->callbacks;
+      region->callbacks = callback;
+    }
+    if (region->has(Region::kInTable)) {
+      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      remove_locked(region);
+    }
+  }
+  run_deferred();
+  return MRC_OK;
+}
+
+void Cache::stats(mrc_stats_t *out) noexcept {
+  collect_garbage();
+  mrc_stats_t stats{};
+  stats.gets = hot_.sum(Counter::Gets);
+  stats.hits_fast = hot_.sum(Counter::HitsFast);
+  stats.puts = hot_.sum(Counter::Puts);
+  stats.hits_slow = hits_slow_.load(std::memory_order_relaxed);
+  stats.misses = misses_.load(std::memory_order_relaxed);
+  stats.merges = merges_.load(std::memory_order_relaxed);
+  stats.unmap_events = unmap_events_.load(std::memory_order_relaxed);
+  stats.invalidations = invalidations_.load(std::memory_order_relaxed);
+  stats.registrations = registrations_.load(std::memory_order_relaxed);
+  stats.deregistrations = deregistrations_.load(std::memory_order_relaxed);
+  stats.evictions = evictions_.load(std::memory_order_relaxed);
+  stats.registered_bytes = live_bytes_.load(std::memory_order_relaxed);
+  stats.registration_failures = registration_failures_.load(std::memory_order_relaxed);
+  stats.uncacheable = uncacheable_.load(std::memory_order_relaxed);
+  stats.pfn_mismatches = pfn_mismatches_.load(std::memory_order_relaxed);
+  stats.purges = purges_.load(std::memory_order_relaxed);
+  stats.unreleased_bytes = unreleased_bytes_.load(std::memory_order_relaxed) +
+                           garbage_bytes_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex_);
+    stats.regions = cached_regions_;
+  }
+  *out = stats;
+}
+
+int Cache::stats_json(char *buffer, size_t length) noexcept {
+  mrc_stats_t s{};
+  stats(&s);
+  fmt::memory_buffer text;
+  auto out = std::back_inserter(text);
+  fmt::format_to(out,
+                 "{{\"name\":\"{}\",\"backend\":\"{}\",\"gets\":{},\"hits_fast\":{},"
+                 "\"hits_slow\":{},\"misses\":{},\"merges\":{},\"unmap_events\":{},"
+                 "\"invalidations\":{},\"puts\":{},\"registrations\":{},"
+                 "\"deregistrations\":{},\"evictions\":{},\"regions\":{},"
+                 "\"registered_bytes\":{},\"registration_failures\":{},\"uncacheable\":{},"
+                 "\"pfn_mismatches\":{},\"purges\":{},\"unreleased_bytes\":{},"
+                 "\"size_histogram\":{{",
+                 name_, backend_->name != nullptr ? backend_->name : "", s.gets, s.hits_fast,
+                 s.hits_slow, s.misses, s.merges, s.unmap_events, s.invalidations, s.puts,
+                 s.registrations, s.deregistrations, s.evictions, s.regions, s.registered_bytes,
+                 s.registration_failures, s.uncacheable, s.pfn_mismatches, s.purges,
+                 s.unreleased_bytes);
+  bool first = true;
+  for (unsigned bucket = 0; bucket < 64; ++bucket) {
+    const uint64_t count = size_histogram_[bucket].load(std::memory_order_relaxed);
+    if (count == 0) continue;
+    fmt::format_to(out, "{}\"{}\":{}", first ? "" : ",", uint64_t{1} << bucket, count);
+    first = false;
+  }
+  fmt::format_to(out, "}}}}");
+  const size_t size = text.size();
+  if (buffer != nullptr && length != 0) {
+    const size_t copied = std::min(size, length - 1);
+    std::memcpy(buffer, text.data(), copied);
+    buffer[copied] = '\0';
+  }
+  return static_cast<int>(size);
+}
+
+}  // namespace mrc

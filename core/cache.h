@@ -1,0 +1,173 @@
+// The registration cache: regions by address in a radix page table, registered through a
+// backend, invalidated by the userfaultfd monitor.
+//
+// SYNCHRONIZATION
+// - mutex_ guards the page table's writer side, the LRU ring, the byte/region totals and every
+//   Region field marked "mutex_". One slow-path thread at a time.
+// - Fast path (get_fast, any thread, no lock): consumer_->quiescent() (acquire: pairs with the
+//   monitor's release of `pending` and with this cache's release of its cursor in drain) →
+//   EpochGuard → page-table lookup (acquire loads of child pointers, pairs with the writer's
+//   release stores) → Region::try_acquire (CAS from non-zero: a region whose count reached zero
+//   is never resurrected) → flags check (an invalid region is put back and the slow path runs).
+//   Because the cursor is released only after the removals of a batch are applied, a thread
+//   that sees the queue drained also sees those regions gone.
+// - Region memory is freed only through the epoch domain, after the region left the page table
+//   and its count reached zero, so a fast-path reader holding a stale pointer reads freed
+//   memory never.
+// - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
+//   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
+//   `pending`, and the monitor never waits for anything).
+// - Statistics on the hit path go to per-thread shards (core/counters.h); the rest under mutex_
+//   or in relaxed atomics.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "core/counters.h"
+#include "mrcache/mrcache.h"
+#include "pgtable/pgtable.h"
+#include "uffd/uffd.h"
+
+struct mrc_region {};  // the C API's opaque handle; Region derives from it
+
+namespace mrc {
+
+class Cache;
+
+// A completion callback of mrc_invalidate, run once after deregistration.
+struct InvalidateCallback {
+  void (*done)(void *);
+  void *arg;
+  InvalidateCallback *next;
+};
+
+struct Region : PgtRegion, mrc_region {
+  enum Flags : uint32_t {
+    kInTable = 1U << 0,     // reachable through the page table (holds one reference)
+    kInvalid = 1U << 1,     // no longer handed out; deregistered at the last reference
+    kRegistered = 1U << 2,  // the backend holds a registration (handle, key valid)
+    kFailed = 1U << 3,      // a remembered registration failure (negative entry)
+    kUncached = 1U << 4,    // never in the table: deregistered at the last put
+    kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
+    kReferenced = 1U << 6,  // CLOCK bit: used since the eviction hand last passed
+    kWatched = 1U << 7,     // the range is watched by the monitor (unwatch at the end)
+  };
+
+  std::atomic<uint64_t> refcount{0};
+  std::atomic<uint32_t> flags{0};
+  unsigned prot = 0;
+  void *handle = nullptr;
+  uint64_t key = 0;
+  mrc_status_t failure = MRC_OK;  // for kFailed entries
+  Cache *cache = nullptr;
+  Region *lru_prev = nullptr;  // mutex_: the LRU ring, cached regions only
+  Region *lru_next = nullptr;
+  Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
+  Region *live_next = nullptr;
+  Region *gc_next = nullptr;                // the deferred-deregistration stacks
+  InvalidateCallback *callbacks = nullptr;  // mutex_
+  uint64_t *pfns = nullptr;                 // page frames recorded at registration
+  size_t pfn_count = 0;
+
+  size_t length() const noexcept { return end - start; }
+  bool has(uint32_t flag) const noexcept {
+    return (flags.load(std::memory_order_acquire) & flag) != 0;
+  }
+  bool try_acquire() noexcept {
+    uint64_t count = refcount.load(std::memory_order_relaxed);
+    do {
+      if (count == 0) return false;
+    } while (!refcount.compare_exchange_weak(count, count + 1, std::memory_order_acquire,
+                                             std::memory_order_relaxed));
+    return true;
+  }
+};
+
+class Cache {
+ public:
+  [[nodiscard]] static mrc_status_t create(const mrc_cache_params_t &params, Cache **out) noexcept;
+  static void destroy(Cache *cache) noexcept;
+
+  [[nodiscard]] mrc_status_t get(uintptr_t address, size_t length, size_t alignment, unsigned prot,
+                                 Region **out) noexcept;
+  void put(Region *region) noexcept;
+  [[nodiscard]] mrc_status_t invalidate(Region *region, void (*done)(void *), void *arg) noexcept;
+  void stats(mrc_stats_t *out) noexcept;
+  int stats_json(char *buffer, size_t length) noexcept;
+
+  // Forgets every cached region; with deregister=false the backend is not called (fork child).
+  void purge(bool deregister) noexcept;
+
+  const char *name() const noexcept { return name_; }
+
+ private:
+  Cache() = default;
+  ~Cache();
+  Cache(const Cache &) = delete;
+  Cache &operator=(const Cache &) = delete;
+
+  bool get_fast(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  bool verify_pfns(Region *region) noexcept;
+
+  // Under mutex_.
+  void drain_locked() noexcept;
+  void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept;
+  void remove_locked(Region *region) noexcept;
+  void evict_locked() noexcept;
+  bool can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept;
+  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  void lru_insert_locked(Region *region) noexcept;
+  void lru_remove_locked(Region *region) noexcept;
+
+  // Dropping references. release() is the one place a count reaches zero.
+  void release(Region *region) noexcept;
+  void retire(Region *region) noexcept;
+  void defer_locked(Region *region) noexcept;
+  void run_deferred() noexcept;
+  void purge_locked(bool deregister) noexcept;
+  void live_insert_locked(Region *region) noexcept;
+  void collect_garbage() noexcept;
+
+  char name_[64] = "mrcache";
+  const mrc_backend_t *backend_ = nullptr;
+  void *backend_ctx_ = nullptr;
+  size_t max_regions_ = 0;
+  size_t max_bytes_ = 0;
+  size_t max_unreleased_ = 0;
+  unsigned flags_ = 0;
+  size_t verify_pfn_pages_ = 0;
+  size_t alignment_ = 4096;
+  bool print_stats_ = false;
+
+  uffd::Consumer *consumer_ = nullptr;
+  PageTable table_;
+
+  std::mutex mutex_;
+  Region *lru_hand_ = nullptr;        // mutex_: the CLOCK hand over the ring of cached regions
+  Region *live_head_ = nullptr;       // mutex_: list of every region not yet retired
+  size_t table_entries_ = 0;          // mutex_: regions in the table, failures included
+  size_t cached_regions_ = 0;         // mutex_: registered regions in the table
+  size_t cached_bytes_ = 0;           // mutex_
+  Region *deferred_ = nullptr;        // mutex_: count reached zero under the lock
+  std::atomic<Region *> garbage_{nullptr};       // last put of invalid regions (max_unreleased)
+  std::atomic<uint64_t> garbage_bytes_{0};
+  std::atomic<uint64_t> unreleased_bytes_{0};    // invalidated, still referenced or in garbage_
+  std::atomic<uint64_t> live_regions_{0};        // registered, not yet deregistered
+  std::atomic<uint64_t> live_bytes_{0};
+
+  ShardedCounters hot_;
+  // Slow-path counters: relaxed atomics.
+  std::atomic<uint64_t> hits_slow_{0}, misses_{0}, merges_{0}, unmap_events_{0},
+      invalidations_{0}, registrations_{0}, deregistrations_{0}, evictions_{0},
+      registration_failures_{0}, uncacheable_{0}, pfn_mismatches_{0}, purges_{0};
+  std::atomic<uint64_t> size_histogram_[64] = {};
+
+  Cache *fork_next_ = nullptr;  // the process's list of caches (fork handling)
+  friend struct CacheRegistry;
+};
+
+}  // namespace mrc

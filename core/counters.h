@@ -1,0 +1,55 @@
+// Statistics counters that cost no shared write on the hit path.
+//
+// SYNCHRONIZATION: every thread owns one slot index (assigned on first use, recycled when the
+// thread exits). While at most kSlots threads are alive each slot has exactly one writer, which
+// updates it with a relaxed load+store (no locked instruction); past that, threads share slots
+// and fall back to relaxed fetch_add. Readers sum all slots with relaxed loads: a total may lag
+// concurrent updates but never loses an increment once the writer's update is visible.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace mrc {
+
+struct ThreadSlot {
+  unsigned index;
+  bool exclusive;
+};
+// This thread's slot (assigned on first call).
+const ThreadSlot &this_thread_slot() noexcept;
+
+enum class Counter : unsigned { Gets, HitsFast, Puts, kCount };
+
+class ShardedCounters {
+ public:
+  static constexpr unsigned kSlots = 128;
+
+  void add(Counter counter, uint64_t value = 1) noexcept {
+    const ThreadSlot &slot = this_thread_slot();
+    std::atomic<uint64_t> &cell = shards_[slot.index].values[static_cast<unsigned>(counter)];
+    if (slot.exclusive) {
+      cell.store(cell.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
+    } else {
+      cell.fetch_add(value, std::memory_order_relaxed);
+    }
+  }
+
+  uint64_t sum(Counter counter) const noexcept {
+    uint64_t total = 0;
+    for (const Shard &shard : shards_) {
+      total += shard.values[static_cast<unsigned>(counter)].load(std::memory_order_relaxed);
+    }
+    return total;
+  }
+
+ private:
+  struct alignas(64) Shard {
+    std::array<std::atomic<uint64_t>, static_cast<unsigned>(Counter::kCount)> values{};
+  };
+  std::array<Shard, kSlots> shards_{};
+};
+
+}  // namespace mrc

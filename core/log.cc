@@ -1,0 +1,84 @@
+#include "core/log.h"
+
+#include <strings.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace mrc::log {
+namespace {
+
+struct Handler {
+  mrc_log_fn fn;
+  void *arg;
+};
+
+int initial_level() noexcept {
+  mrc_log_level_t level = MRC_LOG_WARN;
+  const char *env = std::getenv("MRC_LOG_LEVEL");
+  if (env != nullptr && *env != '\0' && !parse_level(env, &level)) {
+    std::fprintf(stderr, "mrcache: MRC_LOG_LEVEL=%s is not a level (error, warn, info, debug, trace)\n", env);
+  }
+  return static_cast<int>(level);
+}
+
+std::mutex g_handler_mutex;
+Handler g_handler{nullptr, nullptr};  // guarded by g_handler_mutex
+
+const char *level_name(mrc_log_level_t level) noexcept {
+  switch (level) {
+    case MRC_LOG_ERROR: return "error";
+    case MRC_LOG_WARN: return "warn";
+    case MRC_LOG_INFO: return "info";
+    case MRC_LOG_DEBUG: return "debug";
+    case MRC_LOG_TRACE: return "trace";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::atomic<int> g_level{initial_level()};
+
+bool parse_level(const char *text, mrc_log_level_t *out) noexcept {
+  static constexpr const char *kNames[] = {"error", "warn", "info", "debug", "trace"};
+  for (int i = 0; i < 5; ++i) {
+    if (strcasecmp(text, kNames[i]) == 0 || (text[0] == '0' + i && text[1] == '\0')) {
+      *out = static_cast<mrc_log_level_t>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+void emit(mrc_log_level_t level, const char *message) noexcept {
+  Handler handler;
+  {
+    std::lock_guard lock(g_handler_mutex);
+    handler = g_handler;
+  }
+  if (handler.fn != nullptr) {
+    handler.fn(handler.arg, level, message);
+    return;
+  }
+  std::fprintf(stderr, "mrcache %s: %s\n", level_name(level), message);
+}
+
+}  // namespace mrc::log
+
+extern "C" {
+
+void mrc_set_log_handler(mrc_log_fn fn, void *arg) {
+  std::lock_guard lock(mrc::log::g_handler_mutex);
+  mrc::log::g_handler = {fn, fn != nullptr ? arg : nullptr};
+}
+
+void mrc_set_log_level(mrc_log_level_t level) {
+  if (level < MRC_LOG_ERROR || level > MRC_LOG_TRACE) return;
+  mrc::log::g_level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+}  // extern "C"

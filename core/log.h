@@ -1,0 +1,40 @@
+// Logging through fmt, with levels from MRC_LOG_LEVEL and a user-installable callback.
+//
+// SYNCHRONIZATION: the level is a relaxed atomic read on every log call; the handler is copied
+// under a mutex before it is called (outside the mutex, so a handler may log).
+// Never call these from the monitor thread: formatting allocates.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <atomic>
+
+#include "mrcache/mrcache.h"
+
+namespace mrc::log {
+
+extern std::atomic<int> g_level;
+
+inline bool enabled(mrc_log_level_t level) noexcept {
+  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
+}
+
+void emit(mrc_log_level_t level, const char *message) noexcept;
+// Parses "error|warn|info|debug|trace" or a digit; false on anything else.
+bool parse_level(const char *text, mrc_log_level_t *out) noexcept;
+
+template <class... Args>
+void write(mrc_log_level_t level, fmt::format_string<Args...> format, Args &&...args) noexcept {
+  if (!enabled(level)) return;
+  fmt::memory_buffer buffer;
+  fmt::format_to(std::back_inserter(buffer), format, std::forward<Args>(args)...);
+  buffer.push_back('\0');
+  emit(level, buffer.data());
+}
+
+}  // namespace mrc::log
+
+#define MRC_LOG_ERROR(...) ::mrc::log::write(MRC_LOG_ERROR, __VA_ARGS__)
+#define MRC_LOG_WARN(...) ::mrc::log::write(MRC_LOG_WARN, __VA_ARGS__)
+#define MRC_LOG_INFO(...) ::mrc::log::write(MRC_LOG_INFO, __VA_ARGS__)
+#define MRC_LOG_DEBUG(...) ::mrc::log::write(MRC_LOG_DEBUG, __VA_ARGS__)
