@@ -1,0 +1,84 @@
+/* A program from outside the project: it sees only the installed <mrcache/mrcache.h> and links
+ * the installed libmrcache (shared or static). Built by install_test.sh through pkg-config and
+ * through find_package(mrcache). Exit 0 when every check holds. */
+#include <mrcache/mrcache.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                              \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                                 \
+    }                                                                             \
+  } while (0)
+
+#ifdef MRC_TEST_ROUND_TRIP
+/* get -> put -> get again on the same buffer with the null backend: the region covers the
+ * request both times and the statistics count both gets and both puts. */
+static void round_trip(void) {
+  const size_t len = 64 * 1024;
+  void *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXPECT(buf != MAP_FAILED);
+  if (buf == MAP_FAILED) return;
+  memset(buf, 1, len);
+
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  params.name = "install-consumer";
+  params.backend = mrc_backend_null();
+  mrc_cache_t *cache = NULL;
+  mrc_status_t status = mrc_cache_create(&params, &cache);
+  EXPECT(status == MRC_OK);
+  if (status != MRC_OK) {
+    fprintf(stderr, "mrc_cache_create: %s\n", mrc_status_string(status));
+    munmap(buf, len);
+    return;
+  }
+
+  for (int round = 0; round < 2; round++) {
+    mrc_region_t *region = NULL;
+    status = mrc_get(cache, buf, len, MRC_PROT_READ | MRC_PROT_WRITE, &region);
+    EXPECT(status == MRC_OK);
+    if (status != MRC_OK) break;
+    char *start = (char *)mrc_region_start(region);
+    EXPECT(start <= (char *)buf);
+    EXPECT(start + mrc_region_length(region) >= (char *)buf + len);
+    mrc_put(cache, region);
+  }
+  mrc_region_t *none = NULL;
+  EXPECT(mrc_get(cache, buf, 0, MRC_PROT_READ, &none) == MRC_ERR_INVALID);
+
+  mrc_stats_t stats;
+  EXPECT(mrc_cache_stats(cache, &stats) == MRC_OK);
+  EXPECT(stats.puts == 2);
+  mrc_cache_destroy(cache);
+  munmap(buf, len);
+}
+#endif
+
+int main(void) {
+  char expected[32];
+  snprintf(expected, sizeof expected, "%d.%d.%d", MRC_VERSION_MAJOR, MRC_VERSION_MINOR,
+           MRC_VERSION_PATCH);
+  EXPECT(strcmp(mrc_version(), expected) == 0);
+  EXPECT(mrc_status_string(MRC_OK) != NULL);
+  EXPECT(mrc_status_string(MRC_ERR_INVALID) != NULL);
+  EXPECT(strcmp(mrc_status_string(MRC_OK), mrc_status_string(MRC_ERR_INVALID)) != 0);
+#ifdef MRC_TEST_ROUND_TRIP
+  round_trip();
+  const char *what = "version, status strings, get/put round trip";
+#else
+  const char *what = "version, status strings";
+#endif
+  if (failures) {
+    fprintf(stderr, "consumer (C): %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("consumer (C) against mrcache %s: %s ok\n", mrc_version(), what);
+  return 0;
+}
