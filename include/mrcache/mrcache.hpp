@@ -1,0 +1,104 @@
+// mrcache — a thin C++ layer over the C API: RAII owners for caches and region references.
+// No exceptions: fallible calls return mrc_status_t, as the C API does.
+#ifndef MRCACHE_MRCACHE_HPP
+#define MRCACHE_MRCACHE_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "mrcache/mrcache.h"
+
+namespace mrcache {
+
+// One reference to a region; released (mrc_put) when destroyed.
+class RegionRef {
+ public:
+  RegionRef() noexcept = default;
+  RegionRef(mrc_cache_t *cache, mrc_region_t *region) noexcept : cache_(cache), region_(region) {}
+  RegionRef(RegionRef &&other) noexcept
+      : cache_(std::exchange(other.cache_, nullptr)), region_(std::exchange(other.region_, nullptr)) {}
+  RegionRef &operator=(RegionRef &&other) noexcept {
+    if (this != &other) {
+      reset();
+      cache_ = std::exchange(other.cache_, nullptr);
+      region_ = std::exchange(other.region_, nullptr);
+    }
+    return *this;
+  }
+  RegionRef(const RegionRef &) = delete;
+  RegionRef &operator=(const RegionRef &) = delete;
+  ~RegionRef() { reset(); }
+
+  void reset() noexcept {
+    if (region_ != nullptr) mrc_put(cache_, region_);
+    region_ = nullptr;
+    cache_ = nullptr;
+  }
+  explicit operator bool() const noexcept { return region_ != nullptr; }
+  mrc_region_t *get() const noexcept { return region_; }
+  void *start() const noexcept { return mrc_region_start(region_); }
+  size_t length() const noexcept { return mrc_region_length(region_); }
+  uint64_t key() const noexcept { return mrc_region_key(region_); }
+  void *handle() const noexcept { return mrc_region_handle(region_); }
+  // Drops the region from the cache; this reference stays valid until reset.
+  mrc_status_t invalidate(void (*done)(void *) = nullptr, void *arg = nullptr) const noexcept {
+    return mrc_invalidate(cache_, region_, done, arg);
+  }
+
+ private:
+  mrc_cache_t *cache_ = nullptr;
+  mrc_region_t *region_ = nullptr;
+};
+
+// Owns an mrc_cache_t; destroys it (deregistering everything) when destroyed.
+class Cache {
+ public:
+  Cache() noexcept = default;
+  Cache(Cache &&other) noexcept : cache_(std::exchange(other.cache_, nullptr)) {}
+  Cache &operator=(Cache &&other) noexcept {
+    if (this != &other) {
+      reset();
+      cache_ = std::exchange(other.cache_, nullptr);
+    }
+    return *this;
+  }
+  Cache(const Cache &) = delete;
+  Cache &operator=(const Cache &) = delete;
+  ~Cache() { reset(); }
+
+  // Creates a cache from params (default: mrc_cache_params_init's).
+  [[nodiscard]] mrc_status_t open(const mrc_cache_params_t *params = nullptr) noexcept {
+    reset();
+    mrc_cache_params_t defaults;
+    if (params == nullptr) {
+      mrc_cache_params_init(&defaults);
+      params = &defaults;
+    }
+    return mrc_cache_create(params, &cache_);
+  }
+  void reset() noexcept {
+    if (cache_ != nullptr) mrc_cache_destroy(cache_);
+    cache_ = nullptr;
+  }
+
+  [[nodiscard]] mrc_status_t get(void *address, size_t length, unsigned prot,
+                                 RegionRef *out) noexcept {
+    mrc_region_t *region = nullptr;
+    mrc_status_t status = mrc_get(cache_, address, length, prot, &region);
+    if (status == MRC_OK) *out = RegionRef(cache_, region);
+    return status;
+  }
+  [[nodiscard]] mrc_status_t stats(mrc_stats_t *out) const noexcept {
+    return mrc_cache_stats(cache_, out);
+  }
+  mrc_cache_t *get() const noexcept { return cache_; }
+  explicit operator bool() const noexcept { return cache_ != nullptr; }
+
+ private:
+  mrc_cache_t *cache_ = nullptr;
+};
+
+}  // namespace mrcache
+
+#endif  // MRCACHE_MRCACHE_HPP

@@ -1,0 +1,151 @@
+// The invariant under contention: after an unmap returns, no get started afterwards returns the
+// old registration. Mutator threads replace mappings (MAP_FIXED, an UNMAP event each time) and
+// stamp each new mapping with a generation; workers read the published generation, get, and
+// check the registration was made of memory at least that new.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "mrcache/mrcache.h"
+#include "test_backend.h"
+
+namespace {
+
+using mrc::test::CountingBackend;
+
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+constexpr size_t kSlots = 8;
+constexpr size_t kSlotPages = 4;  // plus one PROT_NONE guard page so slots never merge
+
+struct Slot {
+  char *base = nullptr;
+  std::atomic<uint64_t> generation{0};
+};
+
+void stamp(char *base, uint64_t generation) {
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t *>(base)).store(generation, std::memory_order_relaxed);
+}
+
+TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  CountingBackend backend;
+  backend.read_stamp = true;
+  mrc_cache_params_t params = backend.params("concurrency");
+  params.max_regions = 6;  // eviction runs concurrently too
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+
+  char *area = static_cast<char *>(mmap(nullptr, kSlots * (kSlotPages + 1) * kPage, PROT_NONE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(area, MAP_FAILED);
+  Slot slots[kSlots];
+  for (size_t i = 0; i < kSlots; ++i) {
+    slots[i].base = area + i * (kSlotPages + 1) * kPage;
+    ASSERT_EQ(mmap(slots[i].base, kSlotPages * kPage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+              slots[i].base);
+    stamp(slots[i].base, 1);
+    slots[i].generation = 1;
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> stale{0}, gets{0}, remaps{0};
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    while (!stop.load(std::memory_order_relaxed)) {
+      Slot &slot = slots[rng() % kSlots];
+      const uint64_t generation = slot.generation.load(std::memory_order_acquire);
+      const size_t offset = (rng() % kSlotPages) * kPage;
+      const size_t length = kPage * (1 + rng() % (kSlotPages - offset / kPage));
+      mrc_region_t *region = nullptr;
+      if (mrc_get(cache, slot.base + offset, length, MRC_PROT_READ | MRC_PROT_WRITE, &region) != MRC_OK) {
+        continue;
+      }
+      const auto *registration = mrc::test::registration_of(region);
+      // The stamp is read at the region's start, which is the slot's base (slots never merge).
+      if (registration->start == reinterpret_cast<uintptr_t>(slot.base) && registration->stamp < generation) {
+        ++stale;
+      }
+      mrc_put(cache, region);
+      ++gets;
+    }
+  };
+  auto mutator = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    while (!stop.load(std::memory_order_relaxed)) {
+      // Each mutator owns every other slot, so no slot has two mutators.
+      const size_t index = (rng() % (kSlots / 2)) * 2 + (seed & 1);
+      Slot &mine = slots[index];
+      const uint64_t next = mine.generation.load(std::memory_order_relaxed) + 1;
+      if (rng() % 2 == 0) {
+        ASSERT_EQ(mmap(mine.base, kSlotPages * kPage, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+                  mine.base);
+      } else {
+        ASSERT_EQ(madvise(mine.base, kSlotPages * kPage, MADV_DONTNEED), 0);
+      }
+      stamp(mine.base, next);
+      mine.generation.store(next, std::memory_order_release);
+      ++remaps;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < 3; ++i) threads.emplace_back(worker, 100 + i);
+  for (unsigned i = 0; i < 2; ++i) threads.emplace_back(mutator, i);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  stop = true;
+  for (auto &t : threads) t.join();
+
+  EXPECT_EQ(stale, 0u) << "a get returned a registration of replaced memory";
+  EXPECT_GT(gets, 1000u);
+  EXPECT_GT(remaps, 100u);
+  mrc_stats_t s{};
+  ASSERT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
+  EXPECT_GT(s.invalidations, 0u);
+  EXPECT_EQ(s.gets, s.puts);
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  EXPECT_EQ(backend.regs, backend.deregs);
+  munmap(area, kSlots * (kSlotPages + 1) * kPage);
+}
+
+TEST(CacheConcurrency, ConcurrentInvalidateAndPut) {
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("invalidate");
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  char *p = static_cast<char *>(mmap(nullptr, 16 * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  std::atomic<int> done{0}, invalidated{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        mrc_region_t *region = nullptr;
+        ASSERT_EQ(mrc_get(cache, p + ((i + t) % 16) * kPage, kPage, MRC_PROT_READ, &region), MRC_OK);
+        if (i % 7 == 0) {
+          ASSERT_EQ(mrc_invalidate(cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done), MRC_OK);
+          ++invalidated;
+        }
+        mrc_put(cache, region);
+      }
+    });
+  }
+  for (auto &t : threads) t.join();
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  EXPECT_EQ(done.load(), invalidated.load()) << "each done callback runs exactly once";
+  munmap(p, 16 * kPage);
+}
+
+}  // namespace

@@ -1,0 +1,100 @@
+// fork: the child forgets inherited regions without deregistering them (the parent owns them);
+// MRC_FLAG_PURGE_ON_FORK deregisters unused regions before the fork.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "mrcache/mrcache.h"
+#include "test_backend.h"
+
+namespace {
+
+using mrc::test::CountingBackend;
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+
+bool cached_mode() {
+  mrc_monitor_info_t info;
+  return mrc_monitor_info(&info) == MRC_OK && info.mode != MRC_MONITOR_UNCACHED;
+}
+
+// Runs body in a child and returns its exit status (0 = every check passed).
+template <class Body>
+int in_child(Body body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("fork");
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  char *p = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mrc_region_t *held = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &held), MRC_OK);
+  const uint64_t parent_key = mrc_region_key(held);
+
+  int child = in_child([&] {
+    mrc_region_t *region = nullptr;
+    if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 1;
+    if (mrc_region_key(region) == parent_key) return 2;  // inherited registration reused
+    if (backend.deregs != 0) return 3;                    // deregistered the parent's
+    mrc_put(cache, region);
+    mrc_put(cache, held);  // the inherited reference: freed, not deregistered
+    if (backend.deregs != 0) return 4;
+    // The child's own monitor works: an unmap in the child invalidates its new region.
+    uint64_t child_key = 0;
+    if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 5;
+    child_key = mrc_region_key(region);
+    mrc_put(cache, region);
+    if (mmap(p, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p) return 6;
+    if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 7;
+    if (mrc_region_key(region) == child_key) return 8;
+    mrc_put(cache, region);
+    mrc_cache_destroy(cache);
+    return 0;
+  });
+  EXPECT_EQ(child, 0);
+  // The parent is unaffected: same region, still cached.
+  mrc_region_t *again = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &again), MRC_OK);
+  EXPECT_EQ(mrc_region_key(again), parent_key);
+  EXPECT_EQ(backend.deregs, 0u);
+  mrc_put(cache, again);
+  mrc_put(cache, held);
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, 4 * kPage);
+}
+
+TEST(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("purge-on-fork");
+  params.flags |= MRC_FLAG_PURGE_ON_FORK;
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  char *p = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(cache, region);
+  mrc_region_t *held = nullptr;
+  ASSERT_EQ(mrc_get(cache, p + 2 * kPage, kPage, MRC_PROT_READ, &held), MRC_OK);
+  EXPECT_EQ(in_child([] { return 0; }), 0);
+  EXPECT_EQ(backend.deregs, 1u) << "the unused region is deregistered before fork";
+  EXPECT_EQ(backend.live_count(), 1u) << "the region in use stays registered";
+  mrc_put(cache, held);
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, 4 * kPage);
+}
+
+}  // namespace

@@ -1,0 +1,60 @@
+#include "test_backend.h"
+
+#include <cstring>
+
+namespace mrc::test {
+
+CountingBackend::CountingBackend() {
+  ops_ = mrc_backend_t{};
+  ops_.name = "counting";
+  ops_.reg = &CountingBackend::reg;
+  ops_.dereg = &CountingBackend::dereg;
+}
+
+mrc_cache_params_t CountingBackend::params(const char *name) {
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  params.name = name;
+  params.backend = ops();
+  params.backend_ctx = ctx();
+  return params;
+}
+
+mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
+                                  uint64_t *key) {
+  auto *self = static_cast<CountingBackend *>(ctx);
+  {
+    std::lock_guard lock(self->mutex);
+    if (self->fail_all || self->failing_starts.count(reinterpret_cast<uintptr_t>(addr)) != 0) {
+      self->failures++;
+      return MRC_ERR_BACKEND;
+    }
+  }
+  auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,
+                                        self->next_serial_.fetch_add(1)};
+  if (self->read_stamp) {
+    registration->stamp =
+        std::atomic_ref<uint64_t>(*static_cast<uint64_t *>(addr)).load(std::memory_order_relaxed);
+  }
+  {
+    std::lock_guard lock(self->mutex);
+    self->live.insert(registration->serial);
+  }
+  self->regs++;
+  *handle = registration;
+  *key = registration->serial;
+  return MRC_OK;
+}
+
+void CountingBackend::dereg(void *ctx, void *handle) {
+  auto *self = static_cast<CountingBackend *>(ctx);
+  auto *registration = static_cast<Registration *>(handle);
+  {
+    std::lock_guard lock(self->mutex);
+    self->live.erase(registration->serial);
+  }
+  self->deregs++;
+  delete registration;
+}
+
+}  // namespace mrc::test

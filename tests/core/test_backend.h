@@ -1,0 +1,55 @@
+// A plugin backend for the cache tests: counts calls, records the first word of the memory it
+// registers (a stamp the tests write into each fresh mapping), fails on demand.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "mrcache/mrcache.h"
+
+namespace mrc::test {
+
+struct Registration {
+  uintptr_t start;
+  size_t length;
+  unsigned prot;
+  uint64_t stamp;  // first 8 bytes of the memory at registration time
+  uint64_t serial;
+};
+
+class CountingBackend {
+ public:
+  CountingBackend();
+  const mrc_backend_t *ops() const { return &ops_; }
+  void *ctx() { return this; }
+  mrc_cache_params_t params(const char *name = "test");
+
+  std::atomic<uint64_t> regs{0}, deregs{0}, failures{0};
+  std::atomic<bool> fail_all{false};
+  std::atomic<bool> read_stamp{false};
+  // Ranges that fail to register (exact match of start).
+  std::mutex mutex;
+  std::set<uintptr_t> failing_starts;
+  std::set<uint64_t> live;  // serials registered and not yet deregistered
+
+  uint64_t live_count() {
+    std::lock_guard lock(mutex);
+    return live.size();
+  }
+
+ private:
+  static mrc_status_t reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
+                          uint64_t *key);
+  static void dereg(void *ctx, void *handle);
+  mrc_backend_t ops_;
+  std::atomic<uint64_t> next_serial_{1};
+};
+
+inline const Registration *registration_of(mrc_region_t *region) {
+  return static_cast<const Registration *>(mrc_region_handle(region));
+}
+
+}  // namespace mrc::test
