@@ -1,0 +1,90 @@
+// What every backend shares: the per-thread cause of the last failure, argument checks, the
+// not-supported defaults and the completion of a plugin's ops table.
+//
+// SYNCHRONIZATION: the only state is the thread-local message buffer; each thread reads and
+// writes only its own. Everything else is pure.
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "backends/backends.h"
+
+namespace mrc::backends {
+namespace {
+
+constexpr std::size_t kMessageSize = 256;
+thread_local char t_last_error[kMessageSize];
+
+void SetErrorV(const char *backend, const char *fmt, std::va_list args) noexcept {
+  int prefix = std::snprintf(t_last_error, kMessageSize, "%s: ",
+                             backend != nullptr ? backend : "plugin");
+  if (prefix < 0 || static_cast<std::size_t>(prefix) >= kMessageSize) return;
+  std::vsnprintf(t_last_error + prefix, kMessageSize - static_cast<std::size_t>(prefix), fmt,
+                 args);
+}
+
+}  // namespace
+
+mrc_status_t Fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept {
+  std::va_list args;
+  va_start(args, fmt);
+  SetErrorV(backend, fmt, args);
+  va_end(args);
+  return status;
+}
+
+mrc_status_t CheckRegArgs(const char *backend, const void *addr, std::size_t len, unsigned prot,
+                          void *const *handle_out, const std::uint64_t *key) noexcept {
+  if (handle_out == nullptr || key == nullptr)
+    return Fail(MRC_ERR_INVALID, backend, "reg called without handle or key output");
+  if (addr == nullptr || len == 0)
+    return Fail(MRC_ERR_INVALID, backend, "empty range (addr %p, length %zu)", addr, len);
+  const auto start = reinterpret_cast<std::uintptr_t>(addr);
+  if (start + len < start)
+    return Fail(MRC_ERR_INVALID, backend, "range %p + %zu wraps around", addr, len);
+  if ((prot & ~static_cast<unsigned>(MRC_PROT_READ | MRC_PROT_WRITE)) != 0)
+    return Fail(MRC_ERR_INVALID, backend, "unknown protection bits 0x%x", prot);
+  return MRC_OK;
+}
+
+mrc_status_t UnsupportedReg(void *, void *, std::size_t, unsigned, void **,
+                            std::uint64_t *) noexcept {
+  return Fail(MRC_ERR_UNSUPPORTED, nullptr, "the plugin has no reg operation");
+}
+
+void NoopDereg(void *, void *) noexcept {}
+
+int HandleDescribe(void *, void *handle, char *buf, std::size_t len) noexcept {
+  return std::snprintf(buf, len, "handle %p", handle);
+}
+
+mrc_backend_t CompleteOps(const mrc_backend_t &in) noexcept {
+  return mrc_backend_t{
+      .name = in.name != nullptr ? in.name : "plugin",
+      .reg = in.reg != nullptr ? in.reg : UnsupportedReg,
+      .dereg = in.dereg != nullptr ? in.dereg : NoopDereg,
+      .describe = in.describe != nullptr ? in.describe : HandleDescribe,
+  };
+}
+
+}  // namespace mrc::backends
+
+extern "C" {
+
+MRC_API const char *mrc_backend_last_error(void) { return mrc::backends::t_last_error; }
+
+MRC_API void mrc_backend_set_error(const char *backend, const char *fmt, ...) {
+  if (fmt == nullptr) fmt = "unknown error";
+  std::va_list args;
+  va_start(args, fmt);
+  mrc::backends::SetErrorV(backend, fmt, args);
+  va_end(args);
+}
+
+MRC_API mrc_status_t mrc_backend_complete(const mrc_backend_t *in, mrc_backend_t *out) {
+  if (in == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  *out = mrc::backends::CompleteOps(*in);
+  return MRC_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,44 @@
+// The verbs entry points of a build without rdma-core (MRC_WITH_VERBS=OFF): they exist, so
+// that runtimes link against any build, and say why they cannot work.
+//
+// SYNCHRONIZATION: no state.
+#include "backends/backends.h"
+
+namespace mrc::backends {
+namespace {
+
+constexpr const char *kWhy = "this build has no verbs support (configured with MRC_WITH_VERBS=OFF)";
+
+mrc_status_t UnsupportedVerbsReg(void *, void *, std::size_t, unsigned, void **,
+                                 std::uint64_t *) noexcept {
+  return Fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", kWhy);
+}
+
+constexpr mrc_backend_t kVerbsOps = {
+    .name = "verbs",
+    .reg = UnsupportedVerbsReg,
+    .dereg = NoopDereg,
+    .describe = HandleDescribe,
+};
+
+}  // namespace
+}  // namespace mrc::backends
+
+extern "C" {
+
+MRC_API const mrc_backend_t *mrc_backend_verbs(void) { return &mrc::backends::kVerbsOps; }
+
+MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
+  if (params == nullptr) return;
+  *params = mrc_verbs_params_t{.pd = nullptr, .access = 0, .odp = 0};
+}
+
+MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *, mrc_verbs_ctx_t **) {
+  return mrc::backends::Fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", mrc::backends::kWhy);
+}
+
+MRC_API void mrc_verbs_ctx_destroy(mrc_verbs_ctx_t *) {}
+
+MRC_API struct ibv_mr *mrc_verbs_handle_mr(void *) { return nullptr; }
+
+}  // extern "C"
