@@ -22,6 +22,8 @@ namespace mrc::backends {
 // An engine: `Ctx::kName` names it in messages; `Ctx::Resolve(void *)` turns the opaque
 // backend_ctx into the engine (nullptr = no usable context: reg fails with MRC_ERR_INVALID);
 // the three operations never throw.
+// (clang-format 14 tears compound requirements with noexcept apart.)
+// clang-format off
 template <class Ctx>
 concept Backend = requires(Ctx &ctx, void *opaque, void *addr, std::size_t len, unsigned prot,
                            void **handle_out, std::uint64_t *key, void *handle, char *buf) {
@@ -31,6 +33,7 @@ concept Backend = requires(Ctx &ctx, void *opaque, void *addr, std::size_t len, 
   { ctx.Dereg(handle) } noexcept -> std::same_as<void>;
   { ctx.Describe(handle, buf, len) } noexcept -> std::same_as<int>;
 };
+// clang-format on
 
 // Records "<backend>: <cause>" for mrc_backend_last_error() on this thread. Returns `status`
 // so that a failure reads `return Fail(MRC_ERR_NO_MEMORY, kName, "...", ...);`.
@@ -44,8 +47,8 @@ mrc_status_t Fail(mrc_status_t status, const char *backend, const char *fmt, ...
                                         const std::uint64_t *key) noexcept;
 
 // The not-supported defaults and the completion of a runtime's table.
-mrc_status_t UnsupportedReg(void *ctx, void *addr, std::size_t len, unsigned prot,
-                            void **handle, std::uint64_t *key) noexcept;
+mrc_status_t UnsupportedReg(void *ctx, void *addr, std::size_t len, unsigned prot, void **handle,
+                            std::uint64_t *key) noexcept;
 void NoopDereg(void *ctx, void *handle) noexcept;
 int HandleDescribe(void *ctx, void *handle, char *buf, std::size_t len) noexcept;
 // `in` with every NULL operation replaced by its default (name NULL -> "plugin").
@@ -66,10 +69,11 @@ constexpr mrc_backend_t OpsFor() noexcept {
           return Fail(MRC_ERR_INVALID, Ctx::kName, "no context (backend_ctx is NULL)");
         return ctx->Reg(addr, len, prot, handle, key);
       },
-      .dereg = [](void *opaque, void *handle) noexcept {
-        Ctx *ctx = Ctx::Resolve(opaque);
-        if (ctx != nullptr) ctx->Dereg(handle);
-      },
+      .dereg =
+          [](void *opaque, void *handle) noexcept {
+            Ctx *ctx = Ctx::Resolve(opaque);
+            if (ctx != nullptr) ctx->Dereg(handle);
+          },
       .describe = [](void *opaque, void *handle, char *buf, std::size_t len) noexcept -> int {
         Ctx *ctx = Ctx::Resolve(opaque);
         if (ctx == nullptr) return HandleDescribe(opaque, handle, buf, len);

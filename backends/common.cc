@@ -16,11 +16,10 @@ constexpr std::size_t kMessageSize = 256;
 thread_local char t_last_error[kMessageSize];
 
 void SetErrorV(const char *backend, const char *fmt, std::va_list args) noexcept {
-  int prefix = std::snprintf(t_last_error, kMessageSize, "%s: ",
-                             backend != nullptr ? backend : "plugin");
+  int prefix =
+      std::snprintf(t_last_error, kMessageSize, "%s: ", backend != nullptr ? backend : "plugin");
   if (prefix < 0 || static_cast<std::size_t>(prefix) >= kMessageSize) return;
-  std::vsnprintf(t_last_error + prefix, kMessageSize - static_cast<std::size_t>(prefix), fmt,
-                 args);
+  std::vsnprintf(t_last_error + prefix, kMessageSize - static_cast<std::size_t>(prefix), fmt, args);
 }
 
 }  // namespace

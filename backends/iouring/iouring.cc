@@ -183,12 +183,12 @@ mrc_status_t IouringContext::Create(const mrc_iouring_params_t &params,
     const int ret = io_uring_queue_init_params(kOwnedRingEntries, &ctx->owned_ring_, &ring_params);
     if (ret < 0) {
       delete ctx;
-      const mrc_status_t status = ret == -ENOMEM                     ? MRC_ERR_NO_MEMORY
+      const mrc_status_t status = ret == -ENOMEM                    ? MRC_ERR_NO_MEMORY
                                   : ret == -ENOSYS || ret == -EPERM ? MRC_ERR_UNSUPPORTED
-                                                                     : MRC_ERR_BACKEND;
-      return Fail(status, kName, "io_uring_queue_init: %s%s", strerrordesc_np(-ret),
-                  status == MRC_ERR_UNSUPPORTED ? " (io_uring disabled: kernel.io_uring_disabled?)"
-                                                : "");
+                                                                    : MRC_ERR_BACKEND;
+      return Fail(
+          status, kName, "io_uring_queue_init: %s%s", strerrordesc_np(-ret),
+          status == MRC_ERR_UNSUPPORTED ? " (io_uring disabled: kernel.io_uring_disabled?)" : "");
     }
     ctx->ring_ = &ctx->owned_ring_;
     ctx->owns_ring_ = true;
@@ -339,15 +339,15 @@ void IouringContext::Dereg(void *handle) noexcept {
     slot->state = SlotState::kLost;
     --awaiting_;
     ++lost_;
-    Fail(MRC_ERR_BACKEND, kName, "cannot empty slot %u: %s (its buffer stays pinned)",
-         slot->index, strerrordesc_np(ret < 0 ? -ret : EIO));
+    Fail(MRC_ERR_BACKEND, kName, "cannot empty slot %u: %s (its buffer stays pinned)", slot->index,
+         strerrordesc_np(ret < 0 ? -ret : EIO));
   }
 }
 
 int IouringContext::Describe(void *handle, char *buf, std::size_t len) noexcept {
   const auto *slot = static_cast<const IouringSlot *>(handle);
-  return std::snprintf(buf, len, "iouring: slot %u [%p, +%zu) ring fd %d", slot->index,
-                       slot->addr, slot->len, ring_->ring_fd);
+  return std::snprintf(buf, len, "iouring: slot %u [%p, +%zu) ring fd %d", slot->index, slot->addr,
+                       slot->len, ring_->ring_fd);
 }
 
 int IouringContext::Complete(std::uint64_t user_data) noexcept {
@@ -364,9 +364,8 @@ void IouringContext::Slots(unsigned *installed, unsigned *awaiting, unsigned *fr
   if (free_slots != nullptr) *free_slots = free_count_;
 }
 
-mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, void *buf,
-                                      std::size_t len, std::uint64_t offset,
-                                      std::size_t *done) noexcept {
+mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, void *buf, std::size_t len,
+                                      std::uint64_t offset, std::size_t *done) noexcept {
   const char *op = write ? "WRITE_FIXED" : "READ_FIXED";
   if (handle == nullptr || done == nullptr || buf == nullptr)
     return Fail(MRC_ERR_INVALID, kName, "%s without a handle, buffer or output", op);
@@ -386,8 +385,8 @@ mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, void *bu
   const auto start = reinterpret_cast<std::uintptr_t>(slot->addr);
   const auto first = reinterpret_cast<std::uintptr_t>(buf);
   if (first < start || first - start > slot->len || len > slot->len - (first - start))
-    return Fail(MRC_ERR_INVALID, kName, "%s of [%p, +%zu) is outside slot %u [%p, +%zu)", op,
-                buf, len, slot->index, slot->addr, slot->len);
+    return Fail(MRC_ERR_INVALID, kName, "%s of [%p, +%zu) is outside slot %u [%p, +%zu)", op, buf,
+                len, slot->index, slot->addr, slot->len);
 
   io_uring_sqe *sqe = io_uring_get_sqe(ring_);
   if (sqe == nullptr) {  // only the helpers submit on this ring, one at a time

@@ -27,8 +27,8 @@ constexpr unsigned kAllowedAccess = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_W
 // The verbs specification: remote write and remote atomic need local write on the same MR.
 constexpr unsigned kNeedsLocalWrite = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 // What an RC transfer through an ODP region needs from the device.
-constexpr std::uint32_t kRcOdpNeeded = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
-                                       IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE;
+constexpr std::uint32_t kRcOdpNeeded =
+    IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE;
 
 const char *DeviceName(const ibv_pd *pd) {
   return pd != nullptr && pd->context != nullptr && pd->context->device != nullptr
@@ -72,8 +72,8 @@ class VerbsContext {
       }
       const mrc_status_t status =
           err == EFAULT || err == EACCES || err == EINVAL ? MRC_ERR_INVALID : MRC_ERR_BACKEND;
-      return Fail(status, kName, "ibv_reg_mr([%p, +%zu), access 0x%x) on %s: %s", addr, len,
-                  access, DeviceName(pd_), strerrordesc_np(err));
+      return Fail(status, kName, "ibv_reg_mr([%p, +%zu), access 0x%x) on %s: %s", addr, len, access,
+                  DeviceName(pd_), strerrordesc_np(err));
     }
     *handle = mr;
     *key = mr->lkey;
@@ -94,9 +94,8 @@ class VerbsContext {
 
   int Describe(void *handle, char *buf, std::size_t len) noexcept {
     const auto *mr = static_cast<const ibv_mr *>(handle);
-    return std::snprintf(buf, len, "verbs: lkey 0x%x rkey 0x%x device %s [%p, +%zu)%s",
-                         mr->lkey, mr->rkey, DeviceName(mr->pd), mr->addr, mr->length,
-                         odp_ ? " odp" : "");
+    return std::snprintf(buf, len, "verbs: lkey 0x%x rkey 0x%x device %s [%p, +%zu)%s", mr->lkey,
+                         mr->rkey, DeviceName(mr->pd), mr->addr, mr->length, odp_ ? " odp" : "");
   }
 
  protected:
@@ -124,7 +123,8 @@ VerbsContext *VerbsContext::Resolve(void *opaque) noexcept {
 mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, VerbsContext **out) noexcept {
   if (params.pd == nullptr) return Fail(MRC_ERR_INVALID, kName, "no protection domain");
   if ((params.access & ~kAllowedAccess) != 0)
-    return Fail(MRC_ERR_INVALID, kName, "access bits 0x%x are not allowed (only remote "
+    return Fail(MRC_ERR_INVALID, kName,
+                "access bits 0x%x are not allowed (only remote "
                 "read/write/atomic, relaxed ordering, on-demand)",
                 params.access & ~kAllowedAccess);
   const bool odp = params.odp != 0 || (params.access & IBV_ACCESS_ON_DEMAND) != 0;
@@ -166,8 +166,7 @@ MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
   *params = mrc_verbs_params_t{.pd = nullptr, .access = 0, .odp = 0};
 }
 
-MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params,
-                                          mrc_verbs_ctx_t **out) {
+MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params, mrc_verbs_ctx_t **out) {
   using mrc::backends::Fail;
   if (params == nullptr || out == nullptr)
     return Fail(MRC_ERR_INVALID, "verbs", "ctx_create without parameters or output");

@@ -52,9 +52,9 @@ MRC_API mrc_status_t mrc_backend_complete(const mrc_backend_t *in, mrc_backend_t
 typedef struct mrc_null_ctx mrc_null_ctx_t;
 
 typedef struct {
-    double fail_rate;         /* each reg fails with this probability, in [0, 1]; 0 = never */
-    unsigned long fail_every; /* every Nth reg of the context fails (N, 2N, ...); 0 = never */
-    unsigned long seed;       /* seed of the fail_rate draws: equal seeds, equal sequences */
+  double fail_rate;         /* each reg fails with this probability, in [0, 1]; 0 = never */
+  unsigned long fail_every; /* every Nth reg of the context fails (N, 2N, ...); 0 = never */
+  unsigned long seed;       /* seed of the fail_rate draws: equal seeds, equal sequences */
 } mrc_null_params_t;
 
 /* Defaults (never fail, seed 0), then the environment: MRC_NULL_FAIL_RATE (e.g. 0.1),
@@ -90,17 +90,17 @@ typedef struct mrc_iouring_ctx mrc_iouring_ctx_t;
 #define MRC_IOURING_DEFAULT_SLOTS 4096u
 
 enum {
-    /* Another thread may reap the ring's completion queue while reg runs: reg never touches
-     * the queue, and the application passes every completion's user_data to
-     * mrc_iouring_ctx_complete. Without it, reg consumes release tags at the head of the queue
-     * when it needs a slot, so the application must not reap concurrently with reg. */
-    MRC_IOURING_APP_REAPS = 1
+  /* Another thread may reap the ring's completion queue while reg runs: reg never touches
+   * the queue, and the application passes every completion's user_data to
+   * mrc_iouring_ctx_complete. Without it, reg consumes release tags at the head of the queue
+   * when it needs a slot, so the application must not reap concurrently with reg. */
+  MRC_IOURING_APP_REAPS = 1
 };
 
 typedef struct {
-    struct io_uring *ring; /* NULL = the context creates and owns a ring */
-    unsigned slots;        /* size of the sparse table; 0 = MRC_IOURING_DEFAULT_SLOTS */
-    unsigned flags;        /* MRC_IOURING_* */
+  struct io_uring *ring; /* NULL = the context creates and owns a ring */
+  unsigned slots;        /* size of the sparse table; 0 = MRC_IOURING_DEFAULT_SLOTS */
+  unsigned flags;        /* MRC_IOURING_* */
 } mrc_iouring_params_t;
 
 /* ring NULL, slots 0 (default), flags 0. */
@@ -150,10 +150,10 @@ MRC_API const mrc_backend_t *mrc_backend_verbs(void);
 typedef struct mrc_verbs_ctx mrc_verbs_ctx_t;
 
 typedef struct {
-    struct ibv_pd *pd; /* the runtime's protection domain (required; stays the runtime's) */
-    unsigned access;   /* extra IBV_ACCESS_* for every registration: REMOTE_READ, REMOTE_WRITE,
-                          REMOTE_ATOMIC, RELAXED_ORDERING, ON_DEMAND */
-    int odp;           /* non-zero: on-demand paging (IBV_ACCESS_ON_DEMAND) */
+  struct ibv_pd *pd; /* the runtime's protection domain (required; stays the runtime's) */
+  unsigned access;   /* extra IBV_ACCESS_* for every registration: REMOTE_READ, REMOTE_WRITE,
+                        REMOTE_ATOMIC, RELAXED_ORDERING, ON_DEMAND */
+  int odp;           /* non-zero: on-demand paging (IBV_ACCESS_ON_DEMAND) */
 } mrc_verbs_params_t;
 
 /* pd NULL, access 0, odp 0. */
@@ -161,8 +161,7 @@ MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params);
 /* MRC_ERR_INVALID: params, pd or out NULL, access bits outside the list above.
  * MRC_ERR_UNSUPPORTED: ODP asked for but the device does not report it for RC (send, receive,
  * read, write), or a build without verbs. */
-MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params,
-                                          mrc_verbs_ctx_t **out);
+MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params, mrc_verbs_ctx_t **out);
 /* REQUIRES: no reg or dereg of this context is running or will run. The pd stays open. */
 MRC_API void mrc_verbs_ctx_destroy(mrc_verbs_ctx_t *ctx);
 /* The memory region of a live registration (NULL in a build without verbs). */

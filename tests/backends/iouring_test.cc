@@ -72,7 +72,8 @@ struct Registration {
 
 Registration MustReg(mrc_iouring_ctx_t *ctx, void *addr, size_t len) {
   Registration r;
-  const mrc_status_t s = Ops().reg(ctx, addr, len, MRC_PROT_READ | MRC_PROT_WRITE, &r.handle, &r.key);
+  const mrc_status_t s =
+      Ops().reg(ctx, addr, len, MRC_PROT_READ | MRC_PROT_WRITE, &r.handle, &r.key);
   EXPECT_EQ(s, MRC_OK) << LastError();
   return r;
 }
@@ -436,8 +437,8 @@ class IouringOracle : public ::testing::TestWithParam<Replace> {
 };
 
 TEST_P(IouringOracle, StaleRegistrationWritesOldPagesFreshOneWritesNewOnes) {
-  char *addr = static_cast<char *>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *addr = static_cast<char *>(
+      mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(addr, MAP_FAILED);
   Fill(addr, kLen, 1);
   const std::string old_bytes(addr, kLen);
@@ -463,13 +464,11 @@ TEST_P(IouringOracle, StaleRegistrationWritesOldPagesFreshOneWritesNewOnes) {
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0),
                 addr);
       break;
-    case Replace::kMadviseDontneed:
-      ASSERT_EQ(madvise(addr, kLen, MADV_DONTNEED), 0);
-      break;
+    case Replace::kMadviseDontneed: ASSERT_EQ(madvise(addr, kLen, MADV_DONTNEED), 0); break;
     case Replace::kMapFixed:
-      ASSERT_EQ(mmap(addr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                     -1, 0),
-                addr);
+      ASSERT_EQ(
+          mmap(addr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+          addr);
       break;
   }
   Fill(addr, kLen, 2);
@@ -490,8 +489,7 @@ TEST_P(IouringOracle, StaleRegistrationWritesOldPagesFreshOneWritesNewOnes) {
   const std::string from_file = new_bytes;
   std::memset(addr, 0, kLen);
   size_t done = 0;
-  ASSERT_EQ(mrc_iouring_ctx_read_fixed(ctx_.ctx, new_reg.handle, fd_, addr, kLen, 0, &done),
-            MRC_OK)
+  ASSERT_EQ(mrc_iouring_ctx_read_fixed(ctx_.ctx, new_reg.handle, fd_, addr, kLen, 0, &done), MRC_OK)
       << LastError();
   EXPECT_EQ(done, kLen);
   EXPECT_EQ(std::string(addr, kLen), from_file);
@@ -504,7 +502,9 @@ TEST_P(IouringOracle, StaleRegistrationWritesOldPagesFreshOneWritesNewOnes) {
 INSTANTIATE_TEST_SUITE_P(Replacements, IouringOracle,
                          ::testing::Values(Replace::kMunmap, Replace::kMremap,
                                            Replace::kMadviseDontneed, Replace::kMapFixed),
-                         [](const auto &param_info) { return std::string(Name(param_info.param)); });
+                         [](const auto &param_info) {
+                           return std::string(Name(param_info.param));
+                         });
 
 TEST(IouringBackend, HelperRefusesRangesOutsideTheRegistration) {
   Ctx c(2);

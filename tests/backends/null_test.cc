@@ -106,7 +106,7 @@ TEST(NullBackend, CountersTrackRegistrationsAndDeregistrations) {
   EXPECT_EQ(regs, 10u);
   EXPECT_EQ(deregs, 4u);
   EXPECT_EQ(failures, 0u);
-  EXPECT_EQ(regs - deregs, 6u);  // live
+  EXPECT_EQ(regs - deregs, 6u);                             // live
   mrc_null_ctx_counters(c.ctx, nullptr, nullptr, nullptr);  // NULL outputs are allowed
 }
 
@@ -178,8 +178,7 @@ TEST(NullBackend, BadRegistrationArgumentsAreInvalid) {
             MRC_ERR_INVALID);
   EXPECT_NE(std::string(mrc_backend_last_error()).find("wraps around"), std::string::npos);
   EXPECT_EQ(ops->reg(nullptr, g_memory, 64, 0x10, &h, &key), MRC_ERR_INVALID);
-  EXPECT_NE(std::string(mrc_backend_last_error()).find("protection bits 0x10"),
-            std::string::npos);
+  EXPECT_NE(std::string(mrc_backend_last_error()).find("protection bits 0x10"), std::string::npos);
   EXPECT_EQ(ops->reg(nullptr, g_memory, 64, MRC_PROT_READ, nullptr, &key), MRC_ERR_INVALID);
   EXPECT_EQ(ops->reg(nullptr, g_memory, 64, MRC_PROT_READ, &h, nullptr), MRC_ERR_INVALID);
   // Nothing was counted for the rejected calls.

@@ -9,8 +9,8 @@
 #include "plugin_c.h"
 
 struct plugin_state {
-    unsigned live;
-    unsigned regs;
+  unsigned live;
+  unsigned regs;
 };
 
 static struct plugin_state g_state;
@@ -18,17 +18,17 @@ static struct plugin_state g_state;
 /* Registers anything up to 1 MiB; refuses more, with a cause for mrc_backend_last_error. */
 static mrc_status_t plugin_reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
                                uint64_t *key) {
-    struct plugin_state *state = (struct plugin_state *)ctx;
-    (void)prot;
-    if (len > ((size_t)1 << 20)) {
-        mrc_backend_set_error("c-plugin", "%zu bytes is more than this engine pins", len);
-        return MRC_ERR_NO_MEMORY;
-    }
-    state->live += 1;
-    state->regs += 1;
-    *handle = addr;
-    *key = 0xc0de0000u + state->regs;
-    return MRC_OK;
+  struct plugin_state *state = (struct plugin_state *)ctx;
+  (void)prot;
+  if (len > ((size_t)1 << 20)) {
+    mrc_backend_set_error("c-plugin", "%zu bytes is more than this engine pins", len);
+    return MRC_ERR_NO_MEMORY;
+  }
+  state->live += 1;
+  state->regs += 1;
+  *handle = addr;
+  *key = 0xc0de0000u + state->regs;
+  return MRC_OK;
 }
 
 /* No dereg, no describe: the defaults stand in. */
@@ -37,7 +37,9 @@ static const mrc_backend_t plugin_ops = {
     .reg = plugin_reg,
 };
 
-mrc_status_t plugin_c_complete(mrc_backend_t *out) { return mrc_backend_complete(&plugin_ops, out); }
+mrc_status_t plugin_c_complete(mrc_backend_t *out) {
+  return mrc_backend_complete(&plugin_ops, out);
+}
 
 void *plugin_c_ctx(void) { return &g_state; }
 
@@ -45,10 +47,10 @@ unsigned plugin_c_live(void) { return g_state.live; }
 
 /* Everything left out, even the name. */
 mrc_status_t plugin_c_complete_empty(mrc_backend_t *out) {
-    const mrc_backend_t empty = {0};
-    return mrc_backend_complete(&empty, out);
+  const mrc_backend_t empty = {0};
+  return mrc_backend_complete(&empty, out);
 }
 
 int plugin_c_original_has_no_dereg(void) {
-    return plugin_ops.dereg == NULL && plugin_ops.describe == NULL;
+  return plugin_ops.dereg == NULL && plugin_ops.describe == NULL;
 }

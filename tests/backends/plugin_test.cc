@@ -73,7 +73,8 @@ TEST(Plugin, CompleteRejectsNullAndAcceptsInPlace) {
 }
 
 TEST(Plugin, BuiltInTablesAreAlreadyComplete) {
-  for (const mrc_backend_t *builtin : {mrc_backend_null(), mrc_backend_iouring(), mrc_backend_verbs()}) {
+  for (const mrc_backend_t *builtin :
+       {mrc_backend_null(), mrc_backend_iouring(), mrc_backend_verbs()}) {
     ASSERT_NE(builtin, nullptr);
     mrc_backend_t completed{};
     ASSERT_EQ(mrc_backend_complete(builtin, &completed), MRC_OK);

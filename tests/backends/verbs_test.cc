@@ -86,7 +86,8 @@ class VerbsDevice : public ::testing::Test {
     }
     device_name_ = ibv_get_device_name(device);
     context_ = ibv_open_device(device);
-    ASSERT_NE(context_, nullptr) << "ibv_open_device(" << device_name_ << "): " << std::strerror(errno);
+    ASSERT_NE(context_, nullptr) << "ibv_open_device(" << device_name_
+                                 << "): " << std::strerror(errno);
     pd_ = ibv_alloc_pd(context_);
     ASSERT_NE(pd_, nullptr) << std::strerror(errno);
     ASSERT_EQ(ibv_query_port(context_, kPort, &port_), 0);
@@ -174,8 +175,7 @@ class VerbsDevice : public ::testing::Test {
   }
 
   // RDMA READ of len bytes at remote (rkey) into local (lkey); "" on success, else why not.
-  std::string RdmaRead(void *local, uint32_t lkey, const void *remote, uint32_t rkey,
-                       size_t len) {
+  std::string RdmaRead(void *local, uint32_t lkey, const void *remote, uint32_t rkey, size_t len) {
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uintptr_t>(local);
     sge.length = static_cast<uint32_t>(len);
@@ -248,7 +248,8 @@ TEST_F(VerbsDevice, RegisterGivesLkeyAndDescribeNamesKeysAndDevice) {
 // read-only memory works.
 TEST_F(VerbsDevice, ProtectionSelectsLocalWrite) {
   CreateBackend(0);
-  void *readonly = mmap(nullptr, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void *readonly =
+      mmap(nullptr, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   ASSERT_NE(readonly, MAP_FAILED);
   void *h = nullptr;
   uint64_t key = 0;

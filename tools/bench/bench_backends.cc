@@ -4,8 +4,8 @@
 //
 // Each iteration registers and deregisters one pre-faulted buffer; the counters reg_us and
 // dereg_us split the time between the two. io_uring: 4 KiB to 64 MiB; the null backend: the
-// floor (the cost of the ops table itself, reg + dereg together); verbs: the same sizes when an RDMA device exists
-// (skipped otherwise, e.g. on hosts without CONFIG_INFINIBAND).
+// floor (the cost of the ops table itself, reg + dereg together); verbs: the same sizes when an
+// RDMA device exists (skipped otherwise, e.g. on hosts without CONFIG_INFINIBAND).
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -77,7 +77,8 @@ void RegDeregLoop(benchmark::State &state, const mrc_backend_t &ops, void *ctx, 
     reg_seconds += std::chrono::duration<double>(t1 - t0).count();
     dereg_seconds += std::chrono::duration<double>(t2 - t1).count();
   }
-  state.counters["reg_us"] = benchmark::Counter(reg_seconds * 1e6, benchmark::Counter::kAvgIterations);
+  state.counters["reg_us"] =
+      benchmark::Counter(reg_seconds * 1e6, benchmark::Counter::kAvgIterations);
   state.counters["dereg_us"] =
       benchmark::Counter(dereg_seconds * 1e6, benchmark::Counter::kAvgIterations);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(len));
