@@ -15,7 +15,8 @@ namespace {
 constexpr std::size_t kMessageSize = 256;
 thread_local char t_last_error[kMessageSize];
 
-void SetErrorV(const char *backend, const char *fmt, std::va_list args) noexcept {
+__attribute__((format(printf, 2, 0))) void SetErrorV(const char *backend, const char *fmt,
+                                                     std::va_list args) noexcept {
   int prefix =
       std::snprintf(t_last_error, kMessageSize, "%s: ", backend != nullptr ? backend : "plugin");
   if (prefix < 0 || static_cast<std::size_t>(prefix) >= kMessageSize) return;

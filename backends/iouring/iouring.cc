@@ -82,6 +82,12 @@ void DescribeMemlock(char *buf, std::size_t len) {
 
 class IouringContext;
 
+}  // namespace mrc::backends
+
+struct mrc_iouring_ctx;
+
+namespace mrc::backends {
+
 struct IouringSlot {
   IouringContext *ctx = nullptr;
   unsigned index = 0;
@@ -97,10 +103,12 @@ class IouringContext {
 
   static IouringContext *Resolve(void *opaque) noexcept;
   [[nodiscard]] static mrc_status_t Create(const mrc_iouring_params_t &params,
-                                           IouringContext **out) noexcept;
+                                           mrc_iouring_ctx **out) noexcept;
   ~IouringContext();
   IouringContext(const IouringContext &) = delete;
   IouringContext &operator=(const IouringContext &) = delete;
+  IouringContext(IouringContext &&) = delete;
+  IouringContext &operator=(IouringContext &&) = delete;
 
   mrc_status_t Reg(void *addr, std::size_t len, unsigned prot, void **handle,
                    std::uint64_t *key) noexcept;
@@ -110,7 +118,7 @@ class IouringContext {
   io_uring *ring() const noexcept { return ring_; }
   int Complete(std::uint64_t user_data) noexcept;
   void Slots(unsigned *installed, unsigned *awaiting, unsigned *free_slots) noexcept;
-  mrc_status_t Transfer(bool write, void *handle, int fd, void *buf, std::size_t len,
+  mrc_status_t Transfer(bool write, void *handle, int fd, const void *buf, std::size_t len,
                         std::uint64_t offset, std::size_t *done) noexcept;
 
  protected:
@@ -149,7 +157,7 @@ IouringContext *IouringContext::Resolve(void *opaque) noexcept {
 }
 
 mrc_status_t IouringContext::Create(const mrc_iouring_params_t &params,
-                                    IouringContext **out) noexcept {
+                                    mrc_iouring_ctx **out) noexcept {
   if ((params.flags & ~static_cast<unsigned>(MRC_IOURING_APP_REAPS)) != 0)
     return Fail(MRC_ERR_INVALID, kName, "unknown flags 0x%x", params.flags);
   const unsigned slots = params.slots != 0 ? params.slots : MRC_IOURING_DEFAULT_SLOTS;
@@ -364,8 +372,9 @@ void IouringContext::Slots(unsigned *installed, unsigned *awaiting, unsigned *fr
   if (free_slots != nullptr) *free_slots = free_count_;
 }
 
-mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, void *buf, std::size_t len,
-                                      std::uint64_t offset, std::size_t *done) noexcept {
+mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, const void *buf,
+                                      std::size_t len, std::uint64_t offset,
+                                      std::size_t *done) noexcept {
   const char *op = write ? "WRITE_FIXED" : "READ_FIXED";
   if (handle == nullptr || done == nullptr || buf == nullptr)
     return Fail(MRC_ERR_INVALID, kName, "%s without a handle, buffer or output", op);
@@ -394,13 +403,10 @@ mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, void *bu
     sqe = io_uring_get_sqe(ring_);
     if (sqe == nullptr) return Fail(MRC_ERR_BUSY, kName, "%s: submission queue full", op);
   }
-  const auto slot_index = static_cast<int>(slot->index);
-  const auto length = static_cast<unsigned>(len);
-  if (write) {
-    io_uring_prep_write_fixed(sqe, fd, buf, length, offset, slot_index);
-  } else {
-    io_uring_prep_read_fixed(sqe, fd, buf, length, offset, slot_index);
-  }
+  // What io_uring_prep_{write,read}_fixed do, with one const-correct path for both.
+  io_uring_prep_rw(write ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED, sqe, fd, buf,
+                   static_cast<unsigned>(len), offset);
+  sqe->buf_index = static_cast<__u16>(slot->index);
   const std::uint64_t user_data = kIoMagic | (++io_sequence_ & ~kMagicMask);
   sqe->user_data = user_data;
   int ret = io_uring_submit(ring_);
@@ -457,10 +463,7 @@ MRC_API mrc_status_t mrc_iouring_ctx_create(const mrc_iouring_params_t *params,
   mrc_iouring_params_t p;
   mrc_iouring_params_init(&p);
   if (params != nullptr) p = *params;
-  mrc::backends::IouringContext *ctx = nullptr;
-  const mrc_status_t status = mrc::backends::IouringContext::Create(p, &ctx);
-  if (status == MRC_OK) *out = static_cast<mrc_iouring_ctx_t *>(ctx);
-  return status;
+  return mrc::backends::IouringContext::Create(p, out);
 }
 
 MRC_API void mrc_iouring_ctx_destroy(mrc_iouring_ctx_t *ctx) { delete ctx; }
@@ -483,8 +486,7 @@ MRC_API mrc_status_t mrc_iouring_ctx_write_fixed(mrc_iouring_ctx_t *ctx, void *h
                                                  const void *buf, size_t len, uint64_t offset,
                                                  size_t *done) {
   if (ctx == nullptr) return mrc::backends::Fail(MRC_ERR_INVALID, "iouring", "no context");
-  // The kernel only reads from buf for a write; the helper shares one path with reads.
-  return ctx->Transfer(true, handle, fd, const_cast<void *>(buf), len, offset, done);
+  return ctx->Transfer(true, handle, fd, buf, len, offset, done);
 }
 
 MRC_API mrc_status_t mrc_iouring_ctx_read_fixed(mrc_iouring_ctx_t *ctx, void *handle, int fd,

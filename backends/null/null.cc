@@ -71,7 +71,7 @@ class NullContext {
 
   void Dereg(void *) noexcept { deregistrations_.fetch_add(1, std::memory_order_relaxed); }
 
-  int Describe(void *handle, char *buf, std::size_t len) noexcept {
+  static int Describe(void *handle, char *buf, std::size_t len) noexcept {
     return std::snprintf(buf, len, "null: serial %" PRIuPTR,
                          reinterpret_cast<std::uintptr_t>(handle));
   }
@@ -118,8 +118,10 @@ NullContext *NullContext::Resolve(void *opaque) noexcept {
 namespace {
 
 // A whole-string unsigned or double from the environment; false if unset or malformed.
+// getenv: the environment is read at parameter set-up, like every MRC_* variable; callers do not
+// change it concurrently.
 bool EnvUnsigned(const char *name, unsigned long *out) {
-  const char *text = std::getenv(name);
+  const char *text = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
   if (text == nullptr || *text == '\0' || *text == '-') return false;
   char *end = nullptr;
   errno = 0;
@@ -130,7 +132,7 @@ bool EnvUnsigned(const char *name, unsigned long *out) {
 }
 
 bool EnvDouble(const char *name, double *out) {
-  const char *text = std::getenv(name);
+  const char *text = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
   if (text == nullptr || *text == '\0') return false;
   char *end = nullptr;
   errno = 0;

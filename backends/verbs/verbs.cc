@@ -18,6 +18,8 @@
 #include "backends/backends.h"
 #include "pgtable/check.h"
 
+struct mrc_verbs_ctx;
+
 namespace mrc::backends {
 namespace {
 
@@ -44,7 +46,7 @@ class VerbsContext {
 
   static VerbsContext *Resolve(void *opaque) noexcept;
   [[nodiscard]] static mrc_status_t Create(const mrc_verbs_params_t &params,
-                                           VerbsContext **out) noexcept;
+                                           mrc_verbs_ctx **out) noexcept;
 
   mrc_status_t Reg(void *addr, std::size_t len, unsigned prot, void **handle,
                    std::uint64_t *key) noexcept {
@@ -92,7 +94,7 @@ class VerbsContext {
     }
   }
 
-  int Describe(void *handle, char *buf, std::size_t len) noexcept {
+  int Describe(void *handle, char *buf, std::size_t len) const noexcept {
     const auto *mr = static_cast<const ibv_mr *>(handle);
     return std::snprintf(buf, len, "verbs: lkey 0x%x rkey 0x%x device %s [%p, +%zu)%s", mr->lkey,
                          mr->rkey, DeviceName(mr->pd), mr->addr, mr->length, odp_ ? " odp" : "");
@@ -120,7 +122,7 @@ VerbsContext *VerbsContext::Resolve(void *opaque) noexcept {
   return static_cast<VerbsContext *>(static_cast<mrc_verbs_ctx *>(opaque));
 }
 
-mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, VerbsContext **out) noexcept {
+mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, mrc_verbs_ctx **out) noexcept {
   if (params.pd == nullptr) return Fail(MRC_ERR_INVALID, kName, "no protection domain");
   if ((params.access & ~kAllowedAccess) != 0)
     return Fail(MRC_ERR_INVALID, kName,
@@ -170,10 +172,7 @@ MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params, mrc_
   using mrc::backends::Fail;
   if (params == nullptr || out == nullptr)
     return Fail(MRC_ERR_INVALID, "verbs", "ctx_create without parameters or output");
-  mrc::backends::VerbsContext *ctx = nullptr;
-  const mrc_status_t status = mrc::backends::VerbsContext::Create(*params, &ctx);
-  if (status == MRC_OK) *out = static_cast<mrc_verbs_ctx_t *>(ctx);
-  return status;
+  return mrc::backends::VerbsContext::Create(*params, out);
 }
 
 MRC_API void mrc_verbs_ctx_destroy(mrc_verbs_ctx_t *ctx) { delete ctx; }

@@ -41,6 +41,10 @@ struct Ctx {
     EXPECT_EQ(s, MRC_OK) << LastError();
   }
   ~Ctx() { mrc_iouring_ctx_destroy(ctx); }
+  Ctx(const Ctx &) = delete;
+  Ctx &operator=(const Ctx &) = delete;
+  Ctx(Ctx &&) = delete;
+  Ctx &operator=(Ctx &&) = delete;
   struct Slots {
     unsigned installed, awaiting, free;
   };
@@ -62,6 +66,10 @@ struct Mapping {
   ~Mapping() {
     if (addr != nullptr && addr != MAP_FAILED) munmap(addr, len);
   }
+  Mapping(const Mapping &) = delete;
+  Mapping &operator=(const Mapping &) = delete;
+  Mapping(Mapping &&) = delete;
+  Mapping &operator=(Mapping &&) = delete;
   char *bytes() const { return static_cast<char *>(addr); }
 };
 
@@ -103,7 +111,7 @@ TEST(IouringBackend, BadParametersAreInvalid) {
 }
 
 TEST(IouringBackend, RingWithATableAlreadyIsBusy) {
-  io_uring ring;
+  io_uring ring{};
   ASSERT_EQ(io_uring_queue_init(8, &ring, 0), 0);
   ASSERT_EQ(io_uring_register_buffers_sparse(&ring, 4), 0);
   mrc_iouring_ctx_t *ctx = nullptr;
@@ -151,7 +159,7 @@ TEST(IouringBackend, BadRegistrationsAreRefusedWithTheReason) {
 
 TEST(IouringBackend, SlotsAreAllocatedFreedAndReused) {
   Ctx c(2);
-  Mapping m(3 * 4096);
+  Mapping m(size_t{3} * 4096);
   const Registration a = MustReg(c.ctx, m.bytes(), 4096);
   const Registration b = MustReg(c.ctx, m.bytes() + 4096, 4096);
   EXPECT_EQ(a.key, 0u);
@@ -189,7 +197,7 @@ TEST(IouringBackend, SlotsAreAllocatedFreedAndReused) {
 
 TEST(IouringBackend, SlotIsReusedOnlyAfterInFlightIoReleasedTheBuffer) {
   Ctx c(1);
-  Mapping m(2 * 4096);
+  Mapping m(size_t{2} * 4096);
   const Registration a = MustReg(c.ctx, m.bytes(), 4096);
   io_uring *ring = mrc_iouring_ctx_ring(c.ctx);
 
@@ -227,12 +235,12 @@ TEST(IouringBackend, SlotIsReusedOnlyAfterInFlightIoReleasedTheBuffer) {
 }
 
 TEST(IouringBackend, ApplicationThatReapsForwardsTheTags) {
-  io_uring ring;
+  io_uring ring{};
   ASSERT_EQ(io_uring_queue_init(8, &ring, 0), 0);
   {
     Ctx c(1, &ring, MRC_IOURING_APP_REAPS);
     ASSERT_EQ(mrc_iouring_ctx_ring(c.ctx), &ring);
-    Mapping m(2 * 4096);
+    Mapping m(size_t{2} * 4096);
     const Registration a = MustReg(c.ctx, m.bytes(), 4096);
     Ops().dereg(c.ctx, a.handle);
     void *h = nullptr;
@@ -312,6 +320,7 @@ TEST(IouringBackend, ManyThreadsRegisterConcurrently) {
   std::vector<std::atomic<int>> owner(kSlots);
   std::atomic<int> double_owned{0}, failures{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::vector<Registration> live;
@@ -323,7 +332,7 @@ TEST(IouringBackend, ManyThreadsRegisterConcurrently) {
           Ops().dereg(c.ctx, r.handle);
         }
         Registration r;
-        char *addr = m.bytes() + (t * kLivePerThread + live.size()) * 4096;
+        char *addr = m.bytes() + (static_cast<size_t>(t) * kLivePerThread + live.size()) * 4096;
         if (Ops().reg(c.ctx, addr, 4096, MRC_PROT_WRITE, &r.handle, &r.key) != MRC_OK) {
           failures.fetch_add(1);
           continue;
@@ -363,7 +372,7 @@ TEST(IouringBackend, MemlockLimitGivesNoMemoryWithTheReason) {
     if (syscall(SYS_capget, &header, caps) != 0) report("capget failed", 2);
     caps[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
     if (syscall(SYS_capset, &header, caps) != 0) report("capset failed", 2);
-    rlimit limit{64 * 1024, 64 * 1024};
+    rlimit limit{rlim_t{64} * 1024, rlim_t{64} * 1024};
     if (setrlimit(RLIMIT_MEMLOCK, &limit) != 0) report("setrlimit failed", 2);
     mrc_iouring_ctx_t *ctx = nullptr;
     mrc_iouring_params_t p{.ring = nullptr, .slots = 4, .flags = 0};
@@ -404,12 +413,12 @@ const char *Name(Replace r) {
 }
 
 void Fill(char *p, size_t len, unsigned seed) {
-  for (size_t i = 0; i < len; ++i) p[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
+  for (size_t i = 0; i < len; ++i) p[i] = static_cast<char>((i * 131 + size_t{seed} * 7919) >> 3);
 }
 
 class IouringOracle : public ::testing::TestWithParam<Replace> {
  protected:
-  static constexpr size_t kLen = 64 * 1024;
+  static constexpr size_t kLen = size_t{64} * 1024;
 
   void SetUp() override {
     fd_ = memfd_create("mrc-oracle", 0);
@@ -420,7 +429,7 @@ class IouringOracle : public ::testing::TestWithParam<Replace> {
 
   // Writes the registration's [addr, addr+kLen) to the file through WRITE_FIXED and returns
   // what the file holds afterwards.
-  std::string WriteThrough(const Registration &r, const char *addr) {
+  std::string WriteThrough(const Registration &r, const char *addr) const {
     std::vector<char> zeros(kLen, 0);
     EXPECT_EQ(pwrite(fd_, zeros.data(), kLen, 0), static_cast<ssize_t>(kLen));
     size_t done = 0;
@@ -486,13 +495,12 @@ TEST_P(IouringOracle, StaleRegistrationWritesOldPagesFreshOneWritesNewOnes) {
   EXPECT_EQ(WriteThrough(new_reg, addr), new_bytes) << Name(GetParam());
 
   // Reading back through the fresh registration lands in the new pages.
-  const std::string from_file = new_bytes;
   std::memset(addr, 0, kLen);
   size_t done = 0;
   ASSERT_EQ(mrc_iouring_ctx_read_fixed(ctx_.ctx, new_reg.handle, fd_, addr, kLen, 0, &done), MRC_OK)
       << LastError();
   EXPECT_EQ(done, kLen);
-  EXPECT_EQ(std::string(addr, kLen), from_file);
+  EXPECT_EQ(std::string(addr, kLen), new_bytes);
 
   Ops().dereg(ctx_.ctx, new_reg.handle);
   munmap(addr, kLen);
@@ -508,7 +516,7 @@ INSTANTIATE_TEST_SUITE_P(Replacements, IouringOracle,
 
 TEST(IouringBackend, HelperRefusesRangesOutsideTheRegistration) {
   Ctx c(2);
-  Mapping m(3 * 4096);
+  Mapping m(size_t{3} * 4096);
   const Registration r = MustReg(c.ctx, m.bytes() + 4096, 4096);
   size_t done = 0;
   EXPECT_EQ(mrc_iouring_ctx_write_fixed(c.ctx, r.handle, 1, m.bytes(), 16, 0, &done),

@@ -21,6 +21,10 @@ struct NullCtx {
     EXPECT_EQ(mrc_null_ctx_create(p, &ctx), MRC_OK) << mrc_backend_last_error();
   }
   ~NullCtx() { mrc_null_ctx_destroy(ctx); }
+  NullCtx(const NullCtx &) = delete;
+  NullCtx &operator=(const NullCtx &) = delete;
+  NullCtx(NullCtx &&) = delete;
+  NullCtx &operator=(NullCtx &&) = delete;
 };
 
 mrc_status_t Reg(void *ctx, void **handle, uint64_t *key) {
@@ -56,6 +60,7 @@ TEST(NullBackend, SerialsAreUniqueAndNeverReusedAcrossContextsAndThreads) {
   NullCtx shared;
   std::vector<std::vector<uint64_t>> keys(kThreads);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       // Threads alternate between no context, the shared context and a context of their own.

@@ -52,7 +52,7 @@ TEST(VerbsBackend, BadParametersAreInvalid) {
   EXPECT_STREQ(mrc_backend_last_error(), "verbs: no protection domain");
   // Access bits are checked before the protection domain is used.
   alignas(ibv_pd) unsigned char not_a_pd[sizeof(ibv_pd)] = {};
-  p.pd = reinterpret_cast<ibv_pd *>(not_a_pd);
+  p.pd = reinterpret_cast<ibv_pd *>(not_a_pd);  // never dereferenced: access is checked first
   p.access = IBV_ACCESS_MW_BIND;
   EXPECT_EQ(mrc_verbs_ctx_create(&p, &ctx), MRC_ERR_INVALID);
   EXPECT_TRUE(Contains(mrc_backend_last_error(), "access bits 0x10")) << mrc_backend_last_error();
@@ -217,7 +217,7 @@ class VerbsDevice : public ::testing::Test {
 };
 
 void Fill(char *p, size_t len, unsigned seed) {
-  for (size_t i = 0; i < len; ++i) p[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
+  for (size_t i = 0; i < len; ++i) p[i] = static_cast<char>((i * 131 + size_t{seed} * 7919) >> 3);
 }
 
 TEST_F(VerbsDevice, RegisterGivesLkeyAndDescribeNamesKeysAndDevice) {

@@ -51,6 +51,8 @@ class Prefaulted {
   }
   Prefaulted(const Prefaulted &) = delete;
   Prefaulted &operator=(const Prefaulted &) = delete;
+  Prefaulted(Prefaulted &&) = delete;
+  Prefaulted &operator=(Prefaulted &&) = delete;
   void *addr() const { return addr_; }
 
  private:
@@ -143,6 +145,10 @@ struct VerbsDevice {
     pd = context != nullptr ? ibv_alloc_pd(context) : nullptr;
     if (pd == nullptr) why_not = std::string("cannot open ") + ibv_get_device_name(list[0]);
   }
+  VerbsDevice(const VerbsDevice &) = delete;
+  VerbsDevice &operator=(const VerbsDevice &) = delete;
+  VerbsDevice(VerbsDevice &&) = delete;
+  VerbsDevice &operator=(VerbsDevice &&) = delete;
   ~VerbsDevice() {
     if (pd != nullptr) ibv_dealloc_pd(pd);
     if (context != nullptr) ibv_close_device(context);
