@@ -1,0 +1,322 @@
+// Boundary cases of the radix page table, for several fanouts.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "pgtable/epoch.h"
+#include "pgtable/pgtable.h"
+
+namespace mrc {
+namespace {
+
+constexpr uintptr_t kPage = 4096;
+constexpr uintptr_t kTiB = uintptr_t{1} << 40;
+
+template <class Table>
+class PgtableTest : public ::testing::Test {
+ protected:
+  static constexpr uintptr_t kTop = Table::kAddressLimit;
+
+  ~PgtableTest() override {
+    table_.purge([](PgtRegion *) {});
+    domain_.synchronize();
+  }
+
+  PgtRegion *make(uintptr_t start, uintptr_t end) {
+    regions_.push_back(PgtRegion{start, end});
+    return &regions_.back();
+  }
+  PgtRegion *add(uintptr_t start, uintptr_t end) {
+    PgtRegion *region = make(start, end);
+    EXPECT_EQ(table_.insert(region), MRC_OK) << std::hex << start << ".." << end;
+    return region;
+  }
+  std::vector<PgtRegion *> overlapping(uintptr_t from, uintptr_t to) {
+    std::vector<PgtRegion *> found;
+    table_.for_each_overlapping(from, to, [&](PgtRegion *region) { found.push_back(region); });
+    return found;
+  }
+
+  EpochDomain domain_;
+  Table table_{domain_};
+  std::deque<PgtRegion> regions_;  // stable addresses
+};
+
+using Tables = ::testing::Types<PageTable, detail::RadixPageTable<2>, detail::RadixPageTable<4>,
+                                detail::RadixPageTable<8>>;
+TYPED_TEST_SUITE(PgtableTest, Tables);
+
+TYPED_TEST(PgtableTest, EmptyTableFindsNothing) {
+  EXPECT_EQ(this->table_.lookup(0), nullptr);
+  EXPECT_EQ(this->table_.lookup(0x7f0000001000), nullptr);
+  EXPECT_EQ(this->table_.lookup(~uintptr_t{0}), nullptr);
+  EXPECT_TRUE(this->overlapping(0, ~uintptr_t{0}).empty());
+  EXPECT_EQ(this->table_.size(), 0u);
+  EXPECT_EQ(this->table_.memory_bytes(), 0u);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, FirstByteLastByteAndOnePastTheEnd) {
+  const uintptr_t start = 0x7f1234560000, end = start + 5 * kPage;
+  PgtRegion *region = this->add(start, end);
+  EXPECT_EQ(this->table_.lookup(start), region);
+  EXPECT_EQ(this->table_.lookup(start + 1), region);
+  EXPECT_EQ(this->table_.lookup(end - 1), region);
+  EXPECT_EQ(this->table_.lookup(end), nullptr);
+  EXPECT_EQ(this->table_.lookup(start - 1), nullptr);
+  EXPECT_EQ(this->table_.lookup(start - kPage), nullptr);
+  EXPECT_EQ(this->table_.size(), 1u);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, AdjacentRegionsSplitExactlyAtTheBoundary) {
+  const uintptr_t a = 0x10000000;
+  PgtRegion *left = this->add(a, a + 3 * kPage);
+  PgtRegion *right = this->add(a + 3 * kPage, a + 4 * kPage);
+  PgtRegion *farther = this->add(a + 4 * kPage, a + 64 * kPage);
+  EXPECT_EQ(this->table_.lookup(a + 3 * kPage - 1), left);
+  EXPECT_EQ(this->table_.lookup(a + 3 * kPage), right);
+  EXPECT_EQ(this->table_.lookup(a + 4 * kPage - 1), right);
+  EXPECT_EQ(this->table_.lookup(a + 4 * kPage), farther);
+  EXPECT_EQ(this->table_.lookup(a + 64 * kPage - 1), farther);
+  EXPECT_EQ(this->table_.lookup(a + 64 * kPage), nullptr);
+  EXPECT_TRUE(this->table_.check_invariants());
+  ASSERT_EQ(this->table_.remove(right), MRC_OK);
+  EXPECT_EQ(this->table_.lookup(a + 3 * kPage), nullptr);
+  EXPECT_EQ(this->table_.lookup(a + 3 * kPage - 1), left);
+  EXPECT_EQ(this->table_.lookup(a + 4 * kPage), farther);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, InvalidRegionsAreRejectedAndChangeNothing) {
+  PgtRegion *existing = this->add(0x200000, 0x400000);
+  const size_t bytes = this->table_.memory_bytes();
+  EXPECT_EQ(this->table_.insert(nullptr), MRC_ERR_INVALID);
+  EXPECT_EQ(this->table_.insert(this->make(0x1001, 0x3000)), MRC_ERR_INVALID);  // start
+  EXPECT_EQ(this->table_.insert(this->make(0x1000, 0x2fff)), MRC_ERR_INVALID);  // end
+  EXPECT_EQ(this->table_.insert(this->make(0x5000, 0x5000)), MRC_ERR_INVALID);  // empty
+  EXPECT_EQ(this->table_.insert(this->make(0x9000, 0x5000)), MRC_ERR_INVALID);  // wraps
+  EXPECT_EQ(this->table_.insert(this->make(~uintptr_t{0} - 0xfff, 0x1000)), MRC_ERR_INVALID);
+  EXPECT_EQ(this->table_.insert(this->make(this->kTop, this->kTop + kPage)), MRC_ERR_INVALID);
+  EXPECT_EQ(this->table_.insert(this->make(this->kTop - kPage, this->kTop + kPage)),
+            MRC_ERR_INVALID);
+  EXPECT_EQ(this->table_.insert(this->make(uintptr_t{1} << 63, (uintptr_t{1} << 63) + kPage)),
+            MRC_ERR_INVALID);  // non-canonical
+  EXPECT_EQ(this->table_.size(), 1u);
+  EXPECT_EQ(this->table_.memory_bytes(), bytes);
+  EXPECT_EQ(this->table_.lookup(0x200000), existing);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, OverlapFromEachSideIsRejectedAndChangesNothing) {
+  const uintptr_t s = 0x40000000, e = s + 16 * kPage;
+  PgtRegion *existing = this->add(s, e);
+  PgtRegion *neighbour = this->add(e + 64 * kPage, e + 65 * kPage);
+  const size_t bytes = this->table_.memory_bytes();
+  const std::pair<uintptr_t, uintptr_t> overlaps[] = {
+      {s, e},                               // the same range
+      {s - kPage, s + kPage},               // from the left
+      {e - kPage, e + kPage},               // from the right
+      {s + kPage, e - kPage},               // inside
+      {s - kTiB / 1024, e + kPage},         // around
+      {s, s + kPage},                       // first page
+      {e - kPage, e},                       // last page
+      {e - kPage, e + 64 * kPage + kPage},  // spans the gap to the neighbour
+  };
+  for (auto [from, to] : overlaps) {
+    EXPECT_EQ(this->table_.insert(this->make(from, to)), MRC_ERR_EXISTS) << std::hex << from;
+  }
+  EXPECT_EQ(this->table_.insert(existing), MRC_ERR_EXISTS);  // the same object again
+  EXPECT_EQ(this->table_.size(), 2u);
+  EXPECT_EQ(this->table_.memory_bytes(), bytes);
+  EXPECT_EQ(this->table_.lookup(s), existing);
+  EXPECT_EQ(this->table_.lookup(e - 1), existing);
+  EXPECT_EQ(this->table_.lookup(e), nullptr);
+  EXPECT_EQ(this->table_.lookup(e + 64 * kPage), neighbour);
+  EXPECT_TRUE(this->table_.check_invariants());
+  // Touching on either side is not an overlap.
+  PgtRegion *before = this->add(s - kPage, s);
+  PgtRegion *after = this->add(e, e + kPage);
+  EXPECT_EQ(this->table_.lookup(s - 1), before);
+  EXPECT_EQ(this->table_.lookup(e), after);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, RemovingWhatIsAbsentFails) {
+  const uintptr_t s = 0x7f0000000000;
+  PgtRegion *region = this->add(s, s + 4 * kPage);
+  PgtRegion *twin = this->make(s, s + 4 * kPage);  // same range, another object
+  PgtRegion *never = this->make(s + 8 * kPage, s + 9 * kPage);
+  EXPECT_EQ(this->table_.remove(twin), MRC_ERR_NOT_FOUND);
+  EXPECT_EQ(this->table_.remove(never), MRC_ERR_NOT_FOUND);
+  EXPECT_EQ(this->table_.remove(nullptr), MRC_ERR_INVALID);
+  EXPECT_EQ(this->table_.lookup(s), region);
+  ASSERT_EQ(this->table_.remove(region), MRC_OK);
+  EXPECT_EQ(this->table_.remove(region), MRC_ERR_NOT_FOUND);
+  EXPECT_EQ(this->table_.lookup(s), nullptr);
+  EXPECT_EQ(this->table_.size(), 0u);
+  EXPECT_EQ(this->table_.memory_bytes(), 0u);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, RangeQueriesWhoseEndsTouchARegion) {
+  const uintptr_t s = 0x50000000, e = s + 8 * kPage;
+  PgtRegion *left = this->add(s - 4 * kPage, s - 2 * kPage);
+  PgtRegion *region = this->add(s, e);
+  PgtRegion *right = this->add(e + 2 * kPage, e + 3 * kPage);
+  using V = std::vector<PgtRegion *>;
+  EXPECT_EQ(this->overlapping(e, e + 2 * kPage), V{});  // starts at its end
+  EXPECT_EQ(this->overlapping(s - 2 * kPage, s), V{});  // ends at its start
+  EXPECT_EQ(this->overlapping(e - 1, e), V{region});    // its last byte
+  EXPECT_EQ(this->overlapping(s, s + 1), V{region});    // its first byte
+  EXPECT_EQ(this->overlapping(s - 1, s + 1), V{region});
+  EXPECT_EQ(this->overlapping(s - 2 * kPage - 1, s), V{left});  // left's last byte
+  EXPECT_EQ(this->overlapping(e - 1, e + 2 * kPage + 1), (V{region, right}));
+  EXPECT_EQ(this->overlapping(0, ~uintptr_t{0}), (V{left, region, right}));
+  EXPECT_EQ(this->overlapping(s + kPage, s + kPage), V{});  // empty range
+  EXPECT_EQ(this->overlapping(e, s), V{});                  // reversed range
+  // Stopping early.
+  size_t calls = 0;
+  this->table_.for_each_overlapping(0, ~uintptr_t{0}, [&](PgtRegion *) { return ++calls < 2; });
+  EXPECT_EQ(calls, 2u);
+}
+
+TYPED_TEST(PgtableTest, HugeRegionIsFewEntriesAndVisitedOnce) {
+  // Unaligned ends next to small neighbours force the deepest descent on both sides.
+  const uintptr_t s = 0x100000000 + 3 * kPage, e = s + kTiB + 5 * kPage;
+  PgtRegion *before = this->add(s - kPage, s);
+  PgtRegion *after = this->add(e, e + kPage);
+  PgtRegion *huge = this->add(s, e);
+  using Table = TypeParam;
+  // O(log N) entries: a bounded number of nodes per level, independent of the 2^28 pages.
+  EXPECT_LE(this->table_.node_count(), 2 * Table::kLevels + 1);
+  EXPECT_EQ(this->table_.lookup(s), huge);
+  EXPECT_EQ(this->table_.lookup(s + kTiB / 2 + 12345), huge);
+  EXPECT_EQ(this->table_.lookup(e - 1), huge);
+  EXPECT_EQ(this->table_.lookup(e), after);
+  EXPECT_EQ(this->table_.lookup(s - 1), before);
+  EXPECT_EQ(this->overlapping(s - 1, e + 1), (std::vector<PgtRegion *>{before, huge, after}));
+  EXPECT_EQ(this->overlapping(s + kTiB / 3, s + kTiB / 2), std::vector<PgtRegion *>{huge});
+  EXPECT_TRUE(this->table_.check_invariants());
+  ASSERT_EQ(this->table_.remove(huge), MRC_OK);
+  EXPECT_EQ(this->table_.lookup(s + kTiB / 2), nullptr);
+  EXPECT_EQ(this->table_.lookup(e), after);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, WholeAddressSpaceAndItsTop) {
+  const uintptr_t top = this->kTop;
+  PgtRegion *last = this->add(top - kPage, top);
+  EXPECT_EQ(this->table_.lookup(top - 1), last);
+  EXPECT_EQ(this->table_.lookup(top - kPage), last);
+  EXPECT_EQ(this->table_.lookup(top), nullptr);
+  EXPECT_EQ(this->table_.lookup(~uintptr_t{0}), nullptr);
+  EXPECT_EQ(this->table_.lookup(top - kPage - 1), nullptr);
+  PgtRegion *first = this->add(0, kPage);
+  EXPECT_EQ(this->table_.lookup(0), first);
+  EXPECT_EQ(this->table_.lookup(kPage), nullptr);
+  EXPECT_EQ(this->overlapping(top - 1, ~uintptr_t{0}), std::vector<PgtRegion *>{last});
+  PgtRegion *middle = this->add(kPage, top - kPage);  // everything in between
+  EXPECT_EQ(this->table_.lookup(kPage), middle);
+  EXPECT_EQ(this->table_.lookup(top / 2), middle);
+  EXPECT_EQ(this->table_.lookup(top - kPage - 1), middle);
+  EXPECT_EQ(this->overlapping(0, ~uintptr_t{0}), (std::vector<PgtRegion *>{first, middle, last}));
+  EXPECT_TRUE(this->table_.check_invariants());
+  ASSERT_EQ(this->table_.remove(first), MRC_OK);
+  ASSERT_EQ(this->table_.remove(last), MRC_OK);
+  EXPECT_EQ(this->table_.lookup(top / 3), middle);  // now alone: one partial root entry
+  EXPECT_EQ(this->table_.node_count(), 0u);
+  EXPECT_EQ(this->table_.lookup(0), nullptr);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, DistantClustersArePathCompressed) {
+  // Heap-like low addresses and mmap-like high ones: one node separates them; the depth of a
+  // lookup does not pay for the empty levels in between.
+  PgtRegion *low = this->add(0x555555554000, 0x555555558000);
+  PgtRegion *high = this->add(0x7ffff7a00000, 0x7ffff7c00000);
+  EXPECT_EQ(this->table_.node_count(), 1u);
+  EXPECT_EQ(this->table_.lookup(0x555555557fff), low);
+  EXPECT_EQ(this->table_.lookup(0x7ffff7bfffff), high);
+  EXPECT_EQ(this->table_.lookup(0x655555557fff), nullptr);
+  // A third region between them and close to one of them, then away again.
+  PgtRegion *near = this->add(0x555555560000, 0x555555561000);
+  EXPECT_EQ(this->table_.lookup(0x555555560000), near);
+  EXPECT_EQ(this->table_.lookup(0x555555559000), nullptr);
+  EXPECT_TRUE(this->table_.check_invariants());
+  ASSERT_EQ(this->table_.remove(near), MRC_OK);
+  EXPECT_EQ(this->table_.node_count(), 1u);
+  ASSERT_EQ(this->table_.remove(low), MRC_OK);
+  EXPECT_EQ(this->table_.node_count(), 0u);
+  EXPECT_EQ(this->table_.lookup(0x7ffff7a00000), high);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, AddressesMissingAPathCompressedNodeAreMisses) {
+  // Two regions 64 pages apart in one 2^19-byte block sit in a node well below the root; an
+  // address that shares the root slot but not the node's prefix must not alias into it.
+  const uintptr_t base = 0x7f0000000000;
+  PgtRegion *a = this->add(base, base + kPage);
+  PgtRegion *b = this->add(base + 64 * kPage, base + 65 * kPage);
+  for (unsigned bit = 19; bit < 57; ++bit) {
+    EXPECT_EQ(this->table_.lookup(base ^ (uintptr_t{1} << bit)), nullptr) << bit;
+    EXPECT_EQ(this->table_.lookup((base + 64 * kPage) ^ (uintptr_t{1} << bit)), nullptr) << bit;
+  }
+  EXPECT_EQ(this->table_.lookup(base), a);
+  EXPECT_EQ(this->table_.lookup(base + 64 * kPage), b);
+}
+
+TYPED_TEST(PgtableTest, PurgeVisitsEachRegionOnceInOrderAndEmptiesTheTable) {
+  std::vector<PgtRegion *> expected;
+  for (uintptr_t i = 0; i < 300; ++i) {
+    const uintptr_t start = 0x10000000 + i * 3 * kPage;
+    expected.push_back(this->add(start, start + (i % 2 + 1) * kPage));
+  }
+  expected.push_back(this->add(0x7f0000000000, 0x7f0000000000 + kTiB / 64));
+  ASSERT_GT(this->table_.node_count(), 0u);
+  std::vector<PgtRegion *> purged;
+  this->table_.purge([&](PgtRegion *region) { purged.push_back(region); });
+  EXPECT_EQ(purged, expected);
+  EXPECT_EQ(this->table_.size(), 0u);
+  EXPECT_EQ(this->table_.node_count(), 0u);
+  EXPECT_EQ(this->table_.lookup(0x10000000), nullptr);
+  EXPECT_TRUE(this->table_.check_invariants());
+  // Usable again.
+  PgtRegion *again = this->add(0x10000000, 0x10001000);
+  EXPECT_EQ(this->table_.lookup(0x10000fff), again);
+}
+
+TYPED_TEST(PgtableTest, NodesAreReclaimedThroughTheDomain) {
+  std::vector<PgtRegion *> regions;
+  for (uintptr_t i = 0; i < 64; ++i)
+    regions.push_back(this->add(i * 2 * kPage, (i * 2 + 1) * kPage));
+  const size_t nodes = this->table_.node_count();
+  ASSERT_GT(nodes, 0u);
+  this->domain_.synchronize();
+  EXPECT_EQ(this->domain_.pending(), 0u);
+  for (PgtRegion *region : regions) ASSERT_EQ(this->table_.remove(region), MRC_OK);
+  EXPECT_EQ(this->table_.node_count(), 0u);
+  this->domain_.synchronize();
+  EXPECT_EQ(this->domain_.pending(), 0u);
+}
+
+TEST(PgtableNodes, SiblingRegionsShareNodesDensely) {
+  // 4096 one-page regions with one-page gaps: 64-slot leaves are full, so the table costs
+  // about two words per region (the slot of the region and the slot of the gap).
+  EpochDomain domain;
+  PageTable table(domain);
+  std::vector<PgtRegion> regions(4096);
+  for (uintptr_t i = 0; i < regions.size(); ++i) {
+    regions[i] = {0x7f0000000000 + 2 * i * kPage, 0x7f0000000000 + (2 * i + 1) * kPage};
+    ASSERT_EQ(table.insert(&regions[i]), MRC_OK);
+  }
+  EXPECT_LE(table.memory_bytes(), regions.size() * 17);
+  EXPECT_TRUE(table.check_invariants());
+  table.purge([](PgtRegion *) {});
+  domain.synchronize();
+}
+
+}  // namespace
+}  // namespace mrc
