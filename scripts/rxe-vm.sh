@@ -30,7 +30,8 @@
 #       names the guest kernel. 6.12 first: the cache relies on userfaultfd WP_ASYNC (6.7+) and
 #       PROCMAP_QUERY (6.11+), which bookworm's 6.1 lacks.
 #   RXEVM_TIMEOUT [900]  RXEVM_MEM [1024] MiB  RXEVM_SMP [2]  RXEVM_MTU [1500]
-#   RXEVM_ACCEL [auto: kvm when usable, else tcg]  RXEVM_APPEND [quiet] extra kernel arguments
+#   RXEVM_ACCEL [auto: kvm when usable, else tcg]  RXEVM_APPEND [quiet] extra kernel arguments,
+#       last, so they override the rxevm.timeout=/rxevm.mtu=/rxevm.selftest= set from the above
 #   RXEVM_SELFTEST [1]  RC pingpong rxe1 -> rxe0 before CMD (about 1 s), to tell a broken rxe
 #       from a broken CMD
 #
@@ -501,8 +502,9 @@ cmd_run() {
   # so that a slow command is reported as such and not as a hung guest.
   local guest_timeout=$((timeout - 90))
   [ $guest_timeout -ge 30 ] || guest_timeout=$((timeout * 2 / 3))
-  local append="console=ttyS0 panic=-1 $GUEST_APPEND rxevm.timeout=$guest_timeout"
-  append+=" rxevm.mtu=$GUEST_MTU rxevm.selftest=$SELFTEST"
+  # RXEVM_APPEND comes last so that it can override any rxevm.* value.
+  local append="console=ttyS0 panic=-1 rxevm.timeout=$guest_timeout rxevm.mtu=$GUEST_MTU"
+  append+=" rxevm.selftest=$SELFTEST $GUEST_APPEND"
   local accel
   accel=$(accel_args)
   local logf
@@ -515,10 +517,12 @@ cmd_run() {
   local t0=$SECONDS qrc
   # -nic none: no network device; all RDMA traffic stays on the guest's veth pair.
   # -no-reboot with panic=-1: a crashed /init ends QEMU instead of looping.
-  # </dev/null: QEMU must not eat the caller's stdin. sed -u: live output, no CRs.
+  # </dev/null: QEMU must not eat the caller's stdin. sed -u: live output, no CRs or escapes.
+  # --foreground keeps QEMU in the caller's process group, so Ctrl-C or a CI runner's signal
+  # ends it too; QEMU ignores SIGPIPE and would otherwise run on until the timeout.
   set +e
   # shellcheck disable=SC2086  # accel is a list of words
-  timeout -k 10 "$timeout" qemu-system-x86_64 -nographic -no-reboot -nic none \
+  timeout --foreground -k 10 "$timeout" qemu-system-x86_64 -nographic -no-reboot -nic none \
     -m "$GUEST_MEM" -smp "$GUEST_SMP" $accel \
     -kernel "$WORK/vmlinuz" -initrd "$WORK/initramfs.cpio.gz" -append "$append" \
     "${share[@]}" </dev/null 2>&1 | sed -u 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tee "$logf"
@@ -528,9 +532,10 @@ cmd_run() {
   log "guest ran ${elapsed} s (qemu exit $qrc)"
 
   local stage rc reason
-  stage=$(sed -n 's/^STAGE=//p' "$ctl/status" 2>/dev/null | tail -1)
-  rc=$(sed -n 's/^RC=//p' "$ctl/status" 2>/dev/null | tail -1)
-  reason=$(sed -n 's/^REASON=//p' "$ctl/status" 2>/dev/null | head -1)
+  touch "$ctl/status"  # absent when the guest died before mounting the control share
+  stage=$(sed -n 's/^STAGE=//p' "$ctl/status" | tail -1)
+  rc=$(sed -n 's/^RC=//p' "$ctl/status" | tail -1)
+  reason=$(sed -n 's/^REASON=//p' "$ctl/status" | head -1)
   # A failure before the control share was mounted is only on the console.
   [ -n "$reason" ] || reason=$(sed -n 's/^RXEVM: FATAL: //p' "$logf" | head -1)
   if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# ci-rxe.sh: the rxe soft-RoCE CI lane. The host kernel has no RDMA stack, so the verbs tests
+# run in a QEMU guest with rdma_rxe (scripts/rxe-vm.sh) against the host's own build.
+#
+#   scripts/ci-rxe.sh            (as root: it installs Debian packages on first use)
+#
+# 1. scripts/rxe-vm.sh setup + build: host packages, guest kernel, initramfs (cached).
+# 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
+#    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
+#    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only the
+#    test programs and mrcache-stress are built.
+# 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
+# 4. In the guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
+#    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs).
+# The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
+#
+# Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
+# seconds), and RXEVM_* for scripts/rxe-vm.sh.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VM=$ROOT/scripts/rxe-vm.sh
+JOBS=${MRC_JOBS:-2}
+GUEST_TIMEOUT=${MRC_RXE_TIMEOUT:-600}
+
+declare -a timings=()
+lane_t0=$SECONDS
+stage=start
+report() {
+  echo "=== rxe lane timings"
+  printf '  %s\n' "${timings[@]}" "total: $((SECONDS - lane_t0)) s"
+}
+lane_fail() {
+  trap - EXIT
+  report
+  echo "RXE-LANE: FAIL ($*)"
+  exit 1
+}
+trap 'rc=$?; [ $rc = 0 ] || { report; echo "RXE-LANE: FAIL (stage $stage, exit $rc)"; }' EXIT
+timed() {  # timed LABEL COMMAND...
+  local label=$1 t0=$SECONDS
+  shift
+  stage=$label
+  echo "=== rxe lane: $label"
+  "$@"
+  timings+=("$label: $((SECONDS - t0)) s")
+}
+
+configure_build_dir() {
+  local dir=$1
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMRC_BUILD_BENCH=OFF \
+    -DMRC_WITH_VERBS=ON
+}
+
+# Every program under tests/ (which of them carry the verbs label is known only after they are
+# built and their tests discovered) and mrcache-stress when it exists. Benchmarks, header checks
+# and the other tools are not this lane's job.
+needed_targets() {
+  ninja -C "$BUILD" -t targets all | awk -F': ' '
+    $2 ~ /^(C|CXX)_EXECUTABLE_LINKER__/ && $1 !~ /_tests\.cmake$/ &&
+      ($1 ~ /^tests\// || $1 ~ /(^|\/)mrcache-stress$/) { print $1 }' | sort -u
+}
+
+project_build() {
+  local dir
+  if [ -n "${MRC_RXE_BUILD_DIR:-}" ]; then
+    dir=$MRC_RXE_BUILD_DIR
+  elif [ -f "$ROOT/build/CMakeCache.txt" ]; then
+    dir=$ROOT/build
+  else
+    dir=$ROOT/build-rxe
+  fi
+  mkdir -p "$dir"
+  BUILD=$(cd "$dir" && pwd)
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    configure_build_dir "$BUILD"
+  else
+    # Test folders are globbed at configure time: a folder added since needs a new configure.
+    cmake -S "$ROOT" -B "$BUILD" >/dev/null
+  fi
+  grep -q '^MRC_WITH_VERBS:BOOL=ON' "$BUILD/CMakeCache.txt" ||
+    lane_fail "$BUILD is configured with MRC_WITH_VERBS=OFF: no verbs backend to test"
+  echo "build dir: $BUILD"
+  local -a targets=()
+  if [ -f "$BUILD/build.ninja" ]; then
+    mapfile -t targets < <(needed_targets)
+    echo "targets: ${targets[*]:-(none: no test program is declared)}"
+  else
+    targets=(all)  # not a Ninja tree: no cheap way to pick targets
+  fi
+  [ ${#targets[@]} = 0 ] || cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}"
+  mkdir -p "$BUILD/rxe-selfcheck"
+  gcc -std=c11 -O2 -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-prototypes -Werror \
+    -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/tests/rxe/rxe_selfcheck.c" -libverbs
+}
+
+timed "vm setup" "$VM" setup
+timed "vm build" "$VM" build
+timed "project build" project_build
+stage="guest run"
+t0=$SECONDS
+echo "=== rxe lane: guest run"
+set +e
+"$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
+rc=$?
+set -e
+timings+=("guest run: $((SECONDS - t0)) s")
+[ $rc = 0 ] || lane_fail "guest tests exited $rc; see the rxe-lane summary above"
+trap - EXIT
+report
+echo "RXE-LANE: PASS"
