@@ -319,6 +319,16 @@ size_t EpochDomain::registered_threads() const noexcept {
   return threads_;
 }
 
+size_t EpochDomain::slot_capacity() const noexcept {
+  std::lock_guard lock(mutex_);
+  size_t slots = 0;
+  for (EpochSlotChunk *c = chunks_.load(std::memory_order_relaxed); c != nullptr;
+       c = c->next.load(std::memory_order_relaxed)) {
+    slots += EpochSlotChunk::kSlots;
+  }
+  return slots;
+}
+
 void EpochDomain::decide_mode_locked() noexcept {
   if (mode_decided_) return;
   mode_decided_ = true;

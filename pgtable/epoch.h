@@ -136,8 +136,9 @@ class EpochDomain {
 
   // Objects retired and not yet reclaimed.
   size_t pending() const noexcept { return pending_.load(std::memory_order_relaxed); }
-  // Threads holding a reader slot (registered and not yet exited).
+  // Threads holding a reader slot (registered and not yet exited), and slots allocated.
   size_t registered_threads() const noexcept;
+  size_t slot_capacity() const noexcept;
   // True when readers use a compiler-only barrier and the reclaimer membarrier(2).
   bool uses_membarrier() const noexcept { return light_barrier_.load(std::memory_order_relaxed); }
   // Whether the calling thread is inside a guard of this domain.

@@ -1,0 +1,232 @@
+// Readers hammer lookups and range walks under guards while one writer inserts and removes.
+// Checked: a reader never returns a region whose removal completed before its lookup began;
+// nothing a reader holds is reclaimed under it (regions are poisoned on reclaim, nodes are freed
+// for real so ASan and TSan see any use after free); regions present throughout are always found,
+// and range walks visit them once, in order.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pgtable/epoch.h"
+#include "pgtable/pgtable.h"
+
+namespace mrc {
+namespace {
+
+constexpr uintptr_t kPage = 4096;
+constexpr uint64_t kAlive = 0x0A11FE, kPoison = 0xDEADBEEF;
+
+struct TestRegion : PgtRegion {
+  TestRegion(uintptr_t s, uintptr_t e) : PgtRegion{s, e} {}
+  std::atomic<uint64_t> alive{kAlive};
+  std::atomic<uint64_t> removed_at{0};  // the removal's sequence number, once remove() returned
+};
+
+// Permanent one-page regions every kStride pages; transient ones come and go in the gaps
+// between them (splitting and collapsing the nodes the permanent ones live in), and huge
+// transient regions with unaligned ends come and go beside a permanent region far away.
+constexpr uintptr_t kNear = 0x7f0000000000;
+constexpr uintptr_t kStride = 8;
+constexpr uintptr_t kPermanent = 512;
+constexpr uintptr_t kFar = 0x100000000000;
+constexpr uintptr_t kTiB = uintptr_t{1} << 40;
+
+#if defined(MRC_TSAN)
+constexpr int kWriterOps = 20'000;
+#else
+constexpr int kWriterOps = 300'000;
+#endif
+
+class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
+ protected:
+  PgtableConcurrencyTest() : domain_(GetParam()), table_(domain_) {
+    for (uintptr_t i = 0; i < kPermanent; ++i) {
+      const uintptr_t start = kNear + i * kStride * kPage;
+      permanent_.push_back(std::make_unique<TestRegion>(start, start + kPage));
+      EXPECT_EQ(table_.insert(permanent_.back().get()), MRC_OK);
+    }
+    permanent_.push_back(std::make_unique<TestRegion>(kFar - kPage, kFar));
+    EXPECT_EQ(table_.insert(permanent_.back().get()), MRC_OK);
+  }
+
+  ~PgtableConcurrencyTest() override {
+    table_.purge([](PgtRegion *) {});
+    domain_.synchronize();
+    std::lock_guard lock(graveyard_mutex_);
+    for (TestRegion *region : graveyard_) delete region;
+  }
+
+  TestRegion *permanent_at(uintptr_t address) const {
+    if (address >= kNear && address < kNear + kPermanent * kStride * kPage) {
+      const uintptr_t page = (address - kNear) / kPage;
+      return page % kStride == 0 ? permanent_[page / kStride].get() : nullptr;
+    }
+    if (address >= kFar - kPage && address < kFar) return permanent_.back().get();
+    return nullptr;
+  }
+
+  void writer() {
+    std::mt19937_64 rng(42);
+    std::vector<TestRegion *> live;
+    uint64_t sequence = 0;
+    for (int op = 0; op < kWriterOps; ++op) {
+      const bool add = live.size() < 64 || (live.size() < 4096 && rng() % 2 == 0);
+      if (add) {
+        TestRegion *region;
+        if (rng() % 8 != 0) {
+          const uintptr_t gap = rng() % kPermanent, offset = 1 + rng() % (kStride - 1);
+          const uintptr_t length = 1 + rng() % (kStride - offset);
+          const uintptr_t start = kNear + (gap * kStride + offset) * kPage;
+          region = new TestRegion(start, start + length * kPage);
+        } else {
+          const uintptr_t start = kFar + (rng() % 4096) * kPage;
+          region = new TestRegion(start, start + kTiB + (rng() % 4096) * kPage);
+        }
+        mrc_status_t status = table_.insert(region);
+        if (status == MRC_OK) {
+          live.push_back(region);
+        } else {
+          ASSERT_EQ(status, MRC_ERR_EXISTS);
+          delete region;  // never visible to anyone
+        }
+      } else {
+        const size_t index = rng() % live.size();
+        TestRegion *region = live[index];
+        live[index] = live.back();
+        live.pop_back();
+        ASSERT_EQ(table_.remove(region), MRC_OK);
+        region->removed_at.store(++sequence, std::memory_order_relaxed);
+        completed_.store(sequence, std::memory_order_release);  // readers acquire it
+        domain_.retire(region, [](void *object) {
+          auto *r = static_cast<TestRegion *>(object);
+          r->alive.store(kPoison, std::memory_order_relaxed);
+          // Kept (poisoned) until the end, so a late reader reads poison, not reused memory.
+          std::lock_guard lock(graveyard_mutex_);
+          graveyard_.push_back(r);
+        });
+      }
+      if (op % 1024 == 0) {
+        ASSERT_TRUE(table_.check_invariants());
+      }
+    }
+    for (TestRegion *region : live) {
+      ASSERT_EQ(table_.remove(region), MRC_OK);
+      delete_after_grace(region);
+    }
+    removed_ = sequence;
+  }
+
+  void delete_after_grace(TestRegion *region) {
+    domain_.retire(region, [](void *object) { delete static_cast<TestRegion *>(object); });
+  }
+
+  void reader(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    uint64_t lookups = 0, hits = 0;
+    while (!stop_.load(std::memory_order_relaxed)) {
+      EpochGuard guard(domain_);
+      const uint64_t completed = completed_.load(std::memory_order_acquire);
+      uintptr_t address;
+      switch (rng() % 4) {
+        case 0: address = kNear + (rng() % kPermanent) * kStride * kPage + rng() % kPage; break;
+        case 1: address = kFar - kPage + rng() % (kTiB + 8192 * kPage); break;
+        default: address = kNear + rng() % (kPermanent * kStride * kPage); break;
+      }
+      PgtRegion *found = table_.lookup(address);
+      ++lookups;
+      if (TestRegion *expected = permanent_at(address)) {
+        if (found != expected) failures_.fetch_add(1);  // a present region went missing
+      }
+      if (found != nullptr) {
+        ++hits;
+        auto *region = static_cast<TestRegion *>(found);
+        if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
+        if (address < region->start || address >= region->end) failures_.fetch_add(1);
+        const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
+        if (removed_at != 0 && removed_at <= completed) stale_seen_.fetch_add(1);
+      }
+      if (rng() % 64 == 0) walk(rng);
+    }
+    lookups_.fetch_add(lookups);
+    hits_.fetch_add(hits);
+  }
+
+  // A range walk: address order, no overlap, each permanent region in the window exactly once.
+  void walk(std::mt19937_64 &rng) {
+    const uintptr_t from = kNear + (rng() % kPermanent) * kStride * kPage;
+    const uintptr_t to = from + (1 + rng() % 64) * kStride * kPage;
+    uintptr_t last_end = 0;
+    size_t permanent_seen = 0;
+    table_.for_each_overlapping(from, to, [&](PgtRegion *found) {
+      auto *region = static_cast<TestRegion *>(found);
+      if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
+      if (region->start < last_end) failures_.fetch_add(1);
+      last_end = region->end;
+      if (permanent_at(region->start) == region) ++permanent_seen;
+    });
+    const uintptr_t end = std::min(to, kNear + kPermanent * kStride * kPage);
+    if (permanent_seen != (end - from + kStride * kPage - 1) / (kStride * kPage)) {
+      failures_.fetch_add(1);
+    }
+    walks_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  EpochDomain domain_;
+  PageTable table_;
+  std::vector<std::unique_ptr<TestRegion>> permanent_;
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> failures_{0}, stale_seen_{0}, reclaimed_seen_{0};
+  std::atomic<uint64_t> lookups_{0}, hits_{0}, walks_{0};
+  uint64_t removed_ = 0;
+  static inline std::mutex graveyard_mutex_;
+  static inline std::vector<TestRegion *> graveyard_;
+};
+
+std::string barrier_name(const ::testing::TestParamInfo<EpochBarrier> &param_info) {
+  return param_info.param == EpochBarrier::kAuto ? "Auto" : "Fences";
+}
+
+INSTANTIATE_TEST_SUITE_P(Barriers, PgtableConcurrencyTest,
+                         ::testing::Values(EpochBarrier::kAuto, EpochBarrier::kFences),
+                         &barrier_name);
+
+TEST_P(PgtableConcurrencyTest, ReadersNeverSeeRemovedOrReclaimedRegions) {
+  {
+    std::lock_guard lock(graveyard_mutex_);
+    graveyard_.clear();
+  }
+  std::vector<std::thread> readers;
+  for (uint64_t seed = 1; seed <= 2; ++seed) readers.emplace_back([this, seed] { reader(seed); });
+  writer();
+  stop_.store(true);
+  for (auto &t : readers) t.join();
+  ASSERT_FALSE(HasFatalFailure());
+
+  EXPECT_EQ(stale_seen_.load(), 0u) << "a lookup returned a region removed before it began";
+  EXPECT_EQ(reclaimed_seen_.load(), 0u) << "a region was reclaimed under a reader";
+  EXPECT_EQ(failures_.load(), 0u) << "wrong region, missing permanent region, or bad walk";
+  RecordProperty("lookups", std::to_string(lookups_.load()));
+  RecordProperty("walks", std::to_string(walks_.load()));
+  RecordProperty("removed", std::to_string(removed_));
+  EXPECT_GT(lookups_.load(), 1000u);
+  EXPECT_GT(hits_.load(), 100u);
+  EXPECT_GT(walks_.load(), 10u);
+  EXPECT_TRUE(table_.check_invariants());
+  EXPECT_EQ(table_.size(), permanent_.size());
+  // Every removed region was reclaimed once the readers were gone.
+  domain_.synchronize();
+  std::lock_guard lock(graveyard_mutex_);
+  EXPECT_EQ(graveyard_.size(), removed_);
+  for (TestRegion *region : graveyard_) EXPECT_EQ(region->alive.load(), kPoison);
+}
+
+}  // namespace
+}  // namespace mrc
