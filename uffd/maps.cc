@@ -1,0 +1,283 @@
+// Mapping facts: PROCMAP_QUERY on an open /proc/self/maps (Linux 6.11+), else a parse of it.
+//
+// SYNCHRONIZATION
+//   g_maps[i].mutex guards g_maps[i].fd. A few descriptors are kept so that concurrent callers
+//   rarely wait for each other; one ioctl at a time per descriptor, because some kernels between
+//   6.16 and 6.18 kept PROCMAP_QUERY's locking state in the open file. Callers take any free
+//   slot with try_lock, else wait on one. The fork handlers (monitor.cc) take every slot mutex
+//   before fork and, in the child, close the descriptors: an inherited /proc/self/maps still
+//   describes the parent's address space.
+//   g_procmap_unsupported and g_force_fallback are relaxed flags: a stale read only costs one
+//   more failed ioctl or one more parse.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "uffd/internal.h"
+#include "uffd/kernel.h"
+#include "uffd/uffd.h"
+
+namespace mrc::uffd {
+namespace {
+
+struct MapsSlot {
+  std::mutex mutex;
+  int fd = -1;
+};
+constexpr unsigned kMapsSlots = 4;
+MapsSlot g_maps[kMapsSlots];
+std::atomic<unsigned> g_maps_next{0};
+std::atomic<bool> g_procmap_unsupported{false};
+std::atomic<bool> g_force_fallback{false};
+
+// Room for any path (PATH_MAX) plus " (deleted)".
+constexpr size_t kNameBytes = 4096 + 64;
+
+size_t base_page_size() noexcept {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+bool is_sysv_name(const char *name, size_t length) noexcept {
+  return length >= 5 && memcmp(name, "/SYSV", 5) == 0;
+}
+
+// Private anonymous memory: what MISSING mode can resolve faults on (zero pages).
+bool is_private_anonymous(bool shared, uint64_t inode, const char *name, size_t length) noexcept {
+  if (shared || inode != 0) return false;
+  // [vdso], [vvar], [vsyscall] are special mappings; [heap], [stack] and unnamed ones are not.
+  if (length > 0 && name[0] == '[') {
+    return (length == 6 && memcmp(name, "[heap]", 6) == 0) ||
+           (length >= 6 && memcmp(name, "[stack", 6) == 0) ||
+           (length >= 6 && memcmp(name, "[anon:", 6) == 0);
+  }
+  return length == 0;
+}
+
+enum class QueryStatus { Found, NotFound, Unsupported, Failed };
+
+QueryStatus procmap_query(int fd, uintptr_t address, bool or_next, Mapping *out) noexcept {
+  char name[kNameBytes];
+  kernel::ProcmapQuery query{};
+  query.size = sizeof(query);
+  query.query_flags = or_next ? kernel::kProcmapCoveringOrNextVma : 0;
+  query.query_addr = address;
+  query.vma_name_size = sizeof(name);
+  query.vma_name_addr = reinterpret_cast<uintptr_t>(name);
+  int rc;
+  do {
+    rc = ioctl(fd, kernel::kProcmapQuery, &query);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno == ENOENT) return QueryStatus::NotFound;
+    if (errno == ENOTTY || errno == EINVAL || errno == EOPNOTSUPP) return QueryStatus::Unsupported;
+    return QueryStatus::Failed;
+  }
+  // vma_name_size counts the terminating NUL when a name was returned.
+  const size_t name_length = query.vma_name_size > 0 ? query.vma_name_size - 1 : 0;
+  out->start = query.vma_start;
+  out->end = query.vma_end;
+  out->prot = ((query.vma_flags & kernel::kProcmapVmaReadable) ? PROT_READ : 0u) |
+              ((query.vma_flags & kernel::kProcmapVmaWritable) ? PROT_WRITE : 0u) |
+              ((query.vma_flags & kernel::kProcmapVmaExecutable) ? PROT_EXEC : 0u);
+  out->shared = (query.vma_flags & kernel::kProcmapVmaShared) != 0;
+  out->inode = query.inode;
+  out->sysv_shm = out->shared && is_sysv_name(name, name_length);
+  out->page_size = query.vma_page_size != 0 ? query.vma_page_size : base_page_size();
+  out->anonymous = is_private_anonymous(out->shared, out->inode, name, name_length);
+  return QueryStatus::Found;
+}
+
+// ---- /proc/self/maps parsing (kernels before 6.11) ----
+
+bool parse_hex(const char **cursor, const char *end, uint64_t *value) noexcept {
+  const char *p = *cursor;
+  uint64_t v = 0;
+  const char *first = p;
+  for (; p < end; ++p) {
+    const char c = *p;
+    unsigned digit;
+    if (c >= '0' && c <= '9') {
+      digit = static_cast<unsigned>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      digit = static_cast<unsigned>(c - 'a' + 10);
+    } else {
+      break;
+    }
+    v = (v << 4) | digit;
+  }
+  if (p == first) return false;
+  *cursor = p;
+  *value = v;
+  return true;
+}
+
+bool parse_dec(const char **cursor, const char *end, uint64_t *value) noexcept {
+  const char *p = *cursor;
+  uint64_t v = 0;
+  const char *first = p;
+  for (; p < end && *p >= '0' && *p <= '9'; ++p) v = v * 10 + static_cast<uint64_t>(*p - '0');
+  if (p == first) return false;
+  *cursor = p;
+  *value = v;
+  return true;
+}
+
+bool expect(const char **cursor, const char *end, char c) noexcept {
+  if (*cursor >= end || **cursor != c) return false;
+  ++*cursor;
+  return true;
+}
+
+void skip_spaces(const char **cursor, const char *end) noexcept {
+  while (*cursor < end && **cursor == ' ') ++*cursor;
+}
+
+// "start-end perms offset major:minor inode   name"
+bool parse_maps_line(const char *line, size_t length, Mapping *out) noexcept {
+  const char *p = line;
+  const char *end = line + length;
+  uint64_t start, stop, offset, major, minor, inode;
+  if (!parse_hex(&p, end, &start) || !expect(&p, end, '-') || !parse_hex(&p, end, &stop) ||
+      !expect(&p, end, ' ') || end - p < 4) {
+    return false;
+  }
+  const char *perms = p;
+  p += 4;
+  if (!expect(&p, end, ' ') || !parse_hex(&p, end, &offset) || !expect(&p, end, ' ') ||
+      !parse_hex(&p, end, &major) || !expect(&p, end, ':') || !parse_hex(&p, end, &minor) ||
+      !expect(&p, end, ' ') || !parse_dec(&p, end, &inode)) {
+    return false;
+  }
+  skip_spaces(&p, end);
+  const size_t name_length = static_cast<size_t>(end - p);
+  out->start = start;
+  out->end = stop;
+  out->prot = (perms[0] == 'r' ? PROT_READ : 0u) | (perms[1] == 'w' ? PROT_WRITE : 0u) |
+              (perms[2] == 'x' ? PROT_EXEC : 0u);
+  out->shared = perms[3] == 's';
+  out->inode = inode;
+  out->sysv_shm = out->shared && is_sysv_name(p, name_length);
+  out->page_size = base_page_size();
+  out->anonymous = is_private_anonymous(out->shared, inode, p, name_length);
+  return true;
+}
+
+QueryStatus parse_proc_maps(uintptr_t address, bool or_next, Mapping *out) noexcept {
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return QueryStatus::Failed;
+  char buffer[8192];
+  size_t have = 0;
+  bool eof = false;
+  bool skipping = false;  // discarding the tail of a line longer than the buffer
+  QueryStatus status = QueryStatus::NotFound;
+  for (;;) {
+    char *newline = static_cast<char *>(memchr(buffer, '\n', have));
+    while (newline == nullptr && !eof && have < sizeof(buffer)) {
+      const ssize_t n = read(fd, buffer + have, sizeof(buffer) - have);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        close(fd);
+        return QueryStatus::Failed;
+      }
+      if (n == 0) {
+        eof = true;
+      } else {
+        newline = static_cast<char *>(memchr(buffer + have, '\n', static_cast<size_t>(n)));
+        have += static_cast<size_t>(n);
+      }
+    }
+    if (have == 0) break;
+    const size_t line_length = newline != nullptr ? static_cast<size_t>(newline - buffer) : have;
+    if (!skipping) {
+      Mapping line;
+      if (parse_maps_line(buffer, line_length, &line) && line.end > address) {
+        // Lines come in address order: the first one ending above `address` decides.
+        if (line.start <= address || or_next) {
+          *out = line;
+          status = QueryStatus::Found;
+        }
+        break;
+      }
+    }
+    skipping = newline == nullptr;
+    const size_t consumed = newline != nullptr ? line_length + 1 : have;
+    memmove(buffer, buffer + consumed, have - consumed);
+    have -= consumed;
+    if (eof && have == 0) break;
+  }
+  close(fd);
+  return status;
+}
+
+mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  if (!g_procmap_unsupported.load(std::memory_order_relaxed) &&
+      !g_force_fallback.load(std::memory_order_relaxed)) {
+    const unsigned first = g_maps_next.fetch_add(1, std::memory_order_relaxed) % kMapsSlots;
+    MapsSlot *slot = nullptr;
+    for (unsigned i = 0; i < kMapsSlots && slot == nullptr; ++i) {
+      MapsSlot &candidate = g_maps[(first + i) % kMapsSlots];
+      if (candidate.mutex.try_lock()) slot = &candidate;
+    }
+    if (slot == nullptr) {
+      slot = &g_maps[first];
+      slot->mutex.lock();
+    }
+    std::unique_lock<std::mutex> hold(slot->mutex, std::adopt_lock);
+    if (slot->fd < 0) slot->fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (slot->fd >= 0) {
+      switch (procmap_query(slot->fd, address, or_next, out)) {
+        case QueryStatus::Found: return MRC_OK;
+        case QueryStatus::NotFound: return MRC_ERR_NOT_FOUND;
+        case QueryStatus::Failed: return MRC_ERR_IO;
+        case QueryStatus::Unsupported:
+          g_procmap_unsupported.store(true, std::memory_order_relaxed);
+          break;
+      }
+    }
+  }
+  switch (parse_proc_maps(address, or_next, out)) {
+    case QueryStatus::Found: return MRC_OK;
+    case QueryStatus::NotFound: return MRC_ERR_NOT_FOUND;
+    default: return MRC_ERR_IO;
+  }
+}
+
+}  // namespace
+
+mrc_status_t query_mapping(uintptr_t address, Mapping *out) { return query(address, false, out); }
+
+mrc_status_t query_mapping_from(uintptr_t address, Mapping *out) {
+  return query(address, true, out);
+}
+
+namespace testing {
+void force_maps_fallback(bool on) { g_force_fallback.store(on, std::memory_order_relaxed); }
+}  // namespace testing
+
+namespace detail {
+
+void maps_prepare_fork() noexcept {
+  for (MapsSlot &slot : g_maps) slot.mutex.lock();
+}
+
+void maps_parent_after_fork() noexcept {
+  for (unsigned i = kMapsSlots; i-- > 0;) g_maps[i].mutex.unlock();
+}
+
+void maps_child_after_fork() noexcept {
+  for (unsigned i = kMapsSlots; i-- > 0;) {
+    if (g_maps[i].fd >= 0) close(g_maps[i].fd);
+    g_maps[i].fd = -1;
+    g_maps[i].mutex.unlock();
+  }
+}
+
+}  // namespace detail
+}  // namespace mrc::uffd

@@ -1,0 +1,943 @@
+// The process-wide userfaultfd monitor: mode negotiation, the monitor thread, subscription,
+// fork handling and mrc_monitor_info().
+//
+// SYNCHRONIZATION
+//   g.mutex (the registry mutex) guards: the subscriber list and count, start/stop and every
+//   field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
+//   the watch table (g.watches) and the internal consumer that keeps it in step with the queue.
+//   Lock order: g.mutex, then the /proc/self/maps slot mutexes (maps.cc). The fork handlers
+//   take both before fork and release them after, so the child inherits them unlocked and
+//   consistent.
+//   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
+//   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
+//   g.events (relaxed counter, read by info()), and the kernel's objects.
+//   g.mode is an atomic read without the lock by Consumer::mode() (relaxed: a stale mode only
+//   affects a report).
+//   Stopping: the stopper sets run.stop (release) then writes the control eventfd; the monitor
+//   loads run.stop (acquire) after each control wakeup and leaves; the stopper joins it.
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "pgtable/check.h"
+#include "uffd/internal.h"
+#include "uffd/kernel.h"
+#include "uffd/uffd.h"
+#include "uffd/watch.h"
+
+namespace mrc::uffd {
+
+namespace detail {
+void set_text(char *buf, size_t len, const char *text) noexcept {
+  if (buf == nullptr || len == 0) return;
+  snprintf(buf, len, "%s", text);
+}
+}  // namespace detail
+
+namespace {
+
+using detail::set_text;
+
+constexpr size_t kDefaultQueueCapacity = size_t{1} << 15;  // 1 MiB of records
+constexpr size_t kBatch = 64;                              // uffd_msg per read()
+constexpr uint64_t kUffdReady = 1;
+constexpr uint64_t kControlRead = 2;
+constexpr uint64_t kRequiredEvents =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_EVENT_REMOVE;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(MRC_TSAN)
+constexpr size_t kStackBytes = size_t{1} << 20;
+#else
+constexpr size_t kStackBytes = size_t{128} << 10;
+#endif
+
+// Everything the monitor thread reads; written before pthread_create, constant until join.
+struct MonitorRun {
+  int uffd = -1;
+  int control = -1;
+  io_uring *ring = nullptr;  // nullptr: poll(2) loop
+  InvalidationQueue *queue = nullptr;
+  std::atomic<uint64_t> *events = nullptr;
+  std::atomic<bool> stop{false};
+  bool drop_events = false;
+  size_t page_size = 4096;
+};
+
+}  // namespace
+
+struct MonitorState {
+  std::mutex mutex;
+  InvalidationQueue queue;
+  Consumer internal{&queue};  // the watch table's own cursor
+  Consumer *consumers = nullptr;
+  size_t subscribers = 0;
+
+  // The negotiated mode (of the current run, or of the last negotiation).
+  std::atomic<int> mode{MRC_MONITOR_UNCACHED};
+  uint64_t features = 0;
+  char reason[256] = "";
+  bool negotiated = false;
+
+  // The current run.
+  bool running = false;      // the monitor thread is up
+  bool needs_start = false;  // subscribers exist but no monitor runs (a forked child)
+  int uffd = -1;
+  uint64_t register_mode = 0;
+  int control = -1;
+  io_uring ring{};
+  bool ring_ready = false;
+  pthread_t thread{};
+  void *stack = nullptr;
+  size_t stack_bytes = 0;
+  MonitorRun run;
+  std::atomic<uint64_t> events{0};
+
+  // Test controls.
+  std::atomic<size_t> queue_capacity{0};
+  std::atomic<uint64_t> vma_budget{0};
+  std::atomic<bool> force_poll{false};
+
+  detail::WatchSet watches;
+
+  // Consumer internals (MonitorState is its friend).
+  static void attach(Consumer *consumer, uint64_t head) noexcept {
+    consumer->cursor_.store(head, std::memory_order_relaxed);
+    consumer->resync_ = false;
+    consumer->forked_.store(false, std::memory_order_relaxed);
+  }
+  static void mark_forked(Consumer *consumer) noexcept {
+    consumer->forked_.store(true, std::memory_order_relaxed);
+    consumer->cursor_.store(Consumer::kForkedCursor, std::memory_order_relaxed);
+  }
+  static Consumer *next_of(const Consumer *consumer) noexcept { return consumer->next_; }
+};
+
+namespace {
+
+constinit MonitorState g;
+std::atomic<bool> g_said_uncached{false};
+pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+const char *mode_name(mrc_monitor_mode_t mode) noexcept {
+  switch (mode) {
+    case MRC_MONITOR_WP_ASYNC: return "wp-async";
+    case MRC_MONITOR_WP: return "wp";
+    case MRC_MONITOR_MISSING: return "missing";
+    case MRC_MONITOR_UNCACHED: break;
+  }
+  return "uncached";
+}
+
+// ---- negotiation ----
+
+// Appends formatted text to a fixed buffer, truncating silently.
+struct Text {
+  char *buf;
+  size_t len;
+  size_t used = 0;
+  // Drops a trailing "; " separator.
+  const char *trimmed() noexcept {
+    if (used >= 2 && buf[used - 2] == ';' && buf[used - 1] == ' ') buf[used -= 2] = '\0';
+    return buf;
+  }
+  void add(const char *format, ...) noexcept __attribute__((format(printf, 2, 3))) {
+    if (used + 1 >= len) return;
+    va_list args;
+    va_start(args, format);
+    const int n = vsnprintf(buf + used, len - used, format, args);
+    va_end(args);
+    if (n > 0) used = std::min(len - 1, used + static_cast<size_t>(n));
+  }
+};
+
+struct Opened {
+  int fd = -1;
+  const char *how = "";
+};
+
+// The ways to get a userfaultfd, in order: user-mode-only (works unprivileged since 5.11),
+// plain (root or vm.unprivileged_userfaultfd=1), /dev/userfaultfd (its file mode decides).
+Opened open_uffd(bool allow_user_mode_only, Text *failures) noexcept {
+  const int flags = O_CLOEXEC | O_NONBLOCK;
+  Opened opened;
+  if (allow_user_mode_only) {
+    opened.fd = static_cast<int>(syscall(SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY));
+    opened.how = "userfaultfd(UFFD_USER_MODE_ONLY)";
+    if (opened.fd >= 0) return opened;
+    failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  }
+  opened.fd = static_cast<int>(syscall(SYS_userfaultfd, flags));
+  opened.how = "userfaultfd()";
+  if (opened.fd >= 0) return opened;
+  failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  opened.how = "/dev/userfaultfd";
+  const int device = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+  if (device >= 0) {
+    opened.fd = ioctl(device, USERFAULTFD_IOC_NEW, flags);
+    const int error = errno;
+    close(device);
+    if (opened.fd >= 0) return opened;
+    failures->add("%s: %s; ", opened.how, strerrorname_np(error));
+  } else {
+    failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  }
+  opened.fd = -1;
+  return opened;
+}
+
+// UFFDIO_API; on success *granted holds the features now enabled (or, for request 0, offered).
+bool uffd_api(int fd, uint64_t request, uint64_t *granted) noexcept {
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = request;
+  if (ioctl(fd, UFFDIO_API, &api) != 0) return false;
+  *granted = api.features;
+  return true;
+}
+
+// Registers and unregisters one scratch page: proves the mode works before we promise it.
+bool probe_registration(int fd, uint64_t register_mode, int *error) noexcept {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void *scratch = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (scratch == MAP_FAILED) {
+    *error = errno;
+    return false;
+  }
+  uffdio_register request{};
+  request.range.start = reinterpret_cast<uintptr_t>(scratch);
+  request.range.len = page;
+  request.mode = register_mode;
+  const bool ok = ioctl(fd, UFFDIO_REGISTER, &request) == 0;
+  *error = ok ? 0 : errno;
+  if (ok) {
+    // Unregister first: with the registration in place this munmap would wait for a reader.
+    (void)ioctl(fd, UFFDIO_UNREGISTER, &request.range);
+  }
+  munmap(scratch, page);
+  return ok;
+}
+
+enum class Wanted { Auto, WpAsync, Wp, Missing, Off };
+
+struct Negotiated {
+  mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
+  int fd = -1;
+  uint64_t features = 0;
+  uint64_t register_mode = 0;
+  bool unavailable = false;  // uncached because the kernel or the sandbox refused
+};
+
+Wanted wanted_mode(const char **raw) noexcept {
+  const char *value = getenv("MRC_MONITOR");
+  *raw = value;
+  if (value == nullptr || *value == '\0' || strcmp(value, "auto") == 0) return Wanted::Auto;
+  if (strcmp(value, "wp-async") == 0) return Wanted::WpAsync;
+  if (strcmp(value, "wp") == 0) return Wanted::Wp;
+  if (strcmp(value, "missing") == 0) return Wanted::Missing;
+  if (strcmp(value, "off") == 0) return Wanted::Off;
+  *raw = nullptr;  // not understood
+  return Wanted::Auto;
+}
+
+// Chooses the best mode allowed by MRC_MONITOR, the kernel and the sandbox; writes why.
+Negotiated negotiate(char *reason, size_t reason_len) noexcept {
+  Negotiated result;
+  Text why{reason, reason_len};
+  const char *raw = nullptr;
+  const Wanted wanted = wanted_mode(&raw);
+  const char *env = getenv("MRC_MONITOR");
+  if (raw == nullptr && env != nullptr && *env != '\0') {
+    why.add("MRC_MONITOR=%s not understood (auto, wp-async, wp, missing, off); ", env);
+  }
+  if (wanted == Wanted::Off) {
+    why.add("MRC_MONITOR=off: no userfaultfd; every get registers, the last put deregisters");
+    return result;
+  }
+
+  char failures_buf[192] = "";
+  Text failures{failures_buf, sizeof(failures_buf)};
+  Opened opened = open_uffd(true, &failures);
+  uint64_t offered = 0;
+  if (opened.fd >= 0 && !uffd_api(opened.fd, 0, &offered)) {
+    failures.add("UFFDIO_API: %s; ", strerrorname_np(errno));
+    close(opened.fd);
+    opened.fd = -1;
+  }
+  if (opened.fd < 0) {
+    result.unavailable = true;
+    why.add(
+        "userfaultfd unavailable (%s) (seccomp, vm.unprivileged_userfaultfd=0 or a kernel "
+        "without it); every get registers, the last put deregisters",
+        failures.trimmed());
+    return result;
+  }
+  close(opened.fd);
+  if ((offered & kRequiredEvents) != kRequiredEvents) {
+    result.unavailable = true;
+    why.add("the kernel's userfaultfd lacks UNMAP/REMAP/REMOVE events (features %#" PRIx64
+            "); every get registers, the last put deregisters",
+            offered);
+    return result;
+  }
+
+  struct Candidate {
+    mrc_monitor_mode_t mode;
+    uint64_t needs;
+    uint64_t register_mode;
+  };
+  const uint64_t wp_shmem = offered & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+  const Candidate all[] = {
+      {MRC_MONITOR_WP_ASYNC, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+       UFFDIO_REGISTER_MODE_WP},
+      {MRC_MONITOR_WP, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFDIO_REGISTER_MODE_WP},
+      {MRC_MONITOR_MISSING, 0, UFFDIO_REGISTER_MODE_MISSING},
+  };
+  failures.used = 0;
+  failures_buf[0] = '\0';
+  for (const Candidate &candidate : all) {
+    if (wanted == Wanted::WpAsync && candidate.mode != MRC_MONITOR_WP_ASYNC) continue;
+    if (wanted == Wanted::Wp && candidate.mode != MRC_MONITOR_WP) continue;
+    if (wanted == Wanted::Missing && candidate.mode != MRC_MONITOR_MISSING) continue;
+    const char *name = mode_name(candidate.mode);
+    if ((offered & candidate.needs) != candidate.needs) {
+      failures.add("%s: kernel lacks %s; ", name,
+                   candidate.mode == MRC_MONITOR_WP_ASYNC ? "UFFD_FEATURE_WP_ASYNC (6.7)"
+                                                          : "write-protect support (5.7)");
+      continue;
+    }
+    // MISSING mode needs the kernel's own accesses to fault through us too: with
+    // UFFD_USER_MODE_ONLY a read(2) or an ibv_reg_mr on an untouched watched page would fail
+    // with EFAULT instead of waiting for the zero page.
+    const bool user_mode_only_ok = candidate.mode != MRC_MONITOR_MISSING;
+    Opened fd = open_uffd(user_mode_only_ok, &failures);
+    if (fd.fd < 0) continue;
+    uint64_t request = kRequiredEvents;
+    if (candidate.mode == MRC_MONITOR_WP_ASYNC) request |= UFFD_FEATURE_WP_ASYNC | wp_shmem;
+    if (candidate.mode == MRC_MONITOR_WP) request |= wp_shmem;
+    uint64_t granted = 0;
+    int error = 0;
+    if (!uffd_api(fd.fd, request, &granted)) {
+      failures.add("%s: UFFDIO_API %s; ", name, strerrorname_np(errno));
+      close(fd.fd);
+      continue;
+    }
+    if (!probe_registration(fd.fd, candidate.register_mode, &error)) {
+      failures.add("%s: UFFDIO_REGISTER %s; ", name, strerrorname_np(error));
+      close(fd.fd);
+      continue;
+    }
+    result.mode = candidate.mode;
+    result.fd = fd.fd;
+    result.features = granted;
+    result.register_mode = candidate.register_mode;
+    switch (candidate.mode) {
+      case MRC_MONITOR_WP_ASYNC:
+        why.add(
+            "%s with UFFD_FEATURE_WP_ASYNC: write-protect-only registration watches any "
+            "mapping and never faults",
+            fd.how);
+        break;
+      case MRC_MONITOR_WP:
+        why.add(
+            "%s, write-protect-only registration: anonymous, shmem and hugetlbfs memory; "
+            "file mappings need UFFD_FEATURE_WP_ASYNC (Linux 6.7)",
+            fd.how);
+        break;
+      default:
+        why.add(
+            "%s, MISSING mode: the monitor resolves every fault with a zero page; private "
+            "anonymous memory only (write-protect mode needs Linux 5.7)",
+            fd.how);
+        break;
+    }
+    if (wanted != Wanted::Auto) why.add(" (MRC_MONITOR=%s)", env);
+    if (failures.used > 0) why.add("; tried first: %s", failures.trimmed());
+    return result;
+  }
+  result.unavailable = true;
+  if (wanted != Wanted::Auto) {
+    why.add("MRC_MONITOR=%s cannot run here (%s); every get registers, the last put deregisters",
+            env, failures.trimmed());
+  } else {
+    why.add("no userfaultfd mode works (%s); every get registers, the last put deregisters",
+            failures.trimmed());
+  }
+  return result;
+}
+
+// Once per process, on the thread that subscribes (never the monitor thread).
+void say_uncached_once(const char *reason) noexcept {
+  if (g_said_uncached.exchange(true, std::memory_order_relaxed)) return;
+  char line[384];
+  const int n = snprintf(line, sizeof(line), "mrcache: caching is off: %s\n", reason);
+  if (n > 0) {
+    const size_t length = std::min(sizeof(line) - 1, static_cast<size_t>(n));
+    ssize_t ignored = write(STDERR_FILENO, line, length);
+    (void)ignored;
+  }
+}
+
+// ---- the monitor thread ----
+
+void publish(MonitorRun *run, InvalidationKind kind, uint64_t start, uint64_t end) noexcept {
+  // MRC_TEST_DROP_EVENTS=1 (test-only): read and count events but publish nothing, so that the
+  // stress harness can prove its oracle detects a cache that misses invalidations.
+  if (run->drop_events) return;
+  run->queue->append(
+      Invalidation{static_cast<uintptr_t>(start), static_cast<uintptr_t>(end), kind});
+}
+
+void resolve_fault(const MonitorRun *run, uint64_t address, uint64_t flags) noexcept {
+  const uint64_t page = run->page_size;
+  const uint64_t start = address & ~(page - 1);
+  if ((flags & UFFD_PAGEFAULT_FLAG_WP) != 0) {
+    // We never write-protect; should a WP fault come anyway, lift the protection and wake.
+    uffdio_writeprotect unprotect{};
+    unprotect.range.start = start;
+    unprotect.range.len = page;
+    if (ioctl(run->uffd, UFFDIO_WRITEPROTECT, &unprotect) == 0) return;
+  } else {
+    uffdio_zeropage zero{};
+    zero.range.start = start;
+    zero.range.len = page;
+    if (ioctl(run->uffd, UFFDIO_ZEROPAGE, &zero) == 0) return;
+  }
+  // EEXIST (populated meanwhile), EAGAIN (the address space is changing), ENOENT (gone): wake
+  // the thread; it retries the access and faults again if the page is still missing.
+  uffdio_range range{start, page};
+  (void)ioctl(run->uffd, UFFDIO_WAKE, &range);
+}
+
+// Reads every queued message. The order is the protocol: raise pending, read, publish, lower
+// pending; faults are resolved after lowering, so pending never covers anything that could wait.
+void service(MonitorRun *run) noexcept {
+  uffd_msg messages[kBatch];
+  uint64_t fault_address[kBatch];
+  uint64_t fault_flags[kBatch];
+  for (;;) {
+    run->queue->begin_batch();
+    ssize_t n;
+    do {
+      n = read(run->uffd, messages, sizeof(messages));
+    } while (n < 0 && errno == EINTR);
+    const size_t count = n > 0 ? static_cast<size_t>(n) / sizeof(uffd_msg) : 0;
+    size_t faults = 0;
+    uint64_t events = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const uffd_msg &message = messages[i];
+      switch (message.event) {
+        case UFFD_EVENT_UNMAP:
+          publish(run, InvalidationKind::Unmap, message.arg.remove.start, message.arg.remove.end);
+          ++events;
+          break;
+        case UFFD_EVENT_REMOVE:
+          publish(run, InvalidationKind::Remove, message.arg.remove.start, message.arg.remove.end);
+          ++events;
+          break;
+        case UFFD_EVENT_REMAP:
+          publish(run, InvalidationKind::Remap, message.arg.remap.from,
+                  message.arg.remap.from + message.arg.remap.len);
+          ++events;
+          break;
+        case UFFD_EVENT_PAGEFAULT:
+          fault_address[faults] = message.arg.pagefault.address;
+          fault_flags[faults] = message.arg.pagefault.flags;
+          ++faults;
+          break;
+        default: break;
+      }
+    }
+    run->queue->end_batch();
+    if (events != 0) run->events->fetch_add(events, std::memory_order_relaxed);
+    for (size_t i = 0; i < faults; ++i) resolve_fault(run, fault_address[i], fault_flags[i]);
+    if (count < kBatch) return;
+  }
+}
+
+// The fallback loop: poll(2) on the userfaultfd and the control eventfd. `timeout_ms` bounds the
+// wait when an abandoned io_uring read may have swallowed the stop wakeup.
+void poll_loop(MonitorRun *run, int timeout_ms) noexcept {
+  for (;;) {
+    pollfd fds[2] = {{run->uffd, POLLIN, 0}, {run->control, POLLIN, 0}};
+    const int rc = poll(fds, 2, timeout_ms);
+    if (rc > 0 && (fds[0].revents & POLLIN) != 0) service(run);
+    if (run->stop.load(std::memory_order_acquire)) return;
+    if (rc > 0 && (fds[1].revents & POLLIN) != 0) {
+      uint64_t value;
+      ssize_t ignored = read(run->control, &value, sizeof(value));
+      (void)ignored;
+    }
+  }
+}
+
+// io_uring tells us only that the userfaultfd is readable (multishot POLL_ADD). Never
+// IORING_OP_READ on it: the kernel would copy the message out, and so release the unmapping
+// thread, inside io_uring before this thread could raise `pending` — the window the pending
+// protocol exists to close. The read() happens in service(), after begin_batch().
+class UringLoop {
+ public:
+  explicit UringLoop(MonitorRun *run) noexcept : run_(run), ring_(run->ring) {}
+
+  // Returns true when asked to stop, false when the ring failed (the caller falls back).
+  bool run() noexcept {
+    for (;;) {
+      if (!uffd_active_) {
+        io_uring_sqe *sqe = io_uring_get_sqe(ring_);
+        MRC_CHECK(sqe != nullptr);  // at most three requests in flight in an 8-entry ring
+        io_uring_prep_poll_multishot(sqe, run_->uffd, POLLIN);
+        io_uring_sqe_set_data64(sqe, kUffdReady);
+        uffd_active_ = true;
+      }
+      if (!control_active_) {
+        io_uring_sqe *sqe = io_uring_get_sqe(ring_);
+        MRC_CHECK(sqe != nullptr);
+        io_uring_prep_read(sqe, run_->control, &control_value_, sizeof(control_value_), 0);
+        io_uring_sqe_set_data64(sqe, kControlRead);
+        control_active_ = true;
+      }
+      if (!wait()) return false;
+      bool readable = false;
+      bool stop = false;
+      bool broken = false;
+      reap([&](const io_uring_cqe *cqe) {
+        if (cqe->user_data == kUffdReady) {
+          if (cqe->res < 0) {
+            broken = true;
+          } else {
+            readable = true;
+          }
+        } else if (cqe->user_data == kControlRead) {
+          stop = run_->stop.load(std::memory_order_acquire);
+        }
+      });
+      if (readable) service(run_);
+      if (stop) {
+        retire();
+        return true;
+      }
+      if (broken) {
+        retire();
+        return false;
+      }
+    }
+  }
+
+ private:
+  bool wait() noexcept {
+    for (;;) {
+      const int rc = io_uring_submit_and_wait(ring_, 1);
+      if (rc >= 0) return true;
+      if (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) return false;
+    }
+  }
+
+  template <class F>
+  void reap(F &&on_completion) noexcept {
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_cqe *cqe;
+    io_uring_for_each_cqe(ring_, head, cqe) {
+      ++seen;
+      if (cqe->user_data == kUffdReady && (cqe->flags & IORING_CQE_F_MORE) == 0) {
+        uffd_active_ = false;
+      }
+      if (cqe->user_data == kControlRead) control_active_ = false;
+      on_completion(cqe);
+    }
+    io_uring_cq_advance(ring_, seen);
+  }
+
+  // Cancels our requests and waits for their last completions. A request in flight holds a
+  // reference to its file, io_uring's teardown is asynchronous, and the kernel keeps every
+  // registration of a userfaultfd (and a stale owner of those VMAs) until its last reference
+  // goes: the next monitor's UFFDIO_REGISTER would meet EBUSY.
+  void retire() noexcept {
+    for (const uint64_t tag : {kUffdReady, kControlRead}) {
+      const bool active = tag == kUffdReady ? uffd_active_ : control_active_;
+      if (!active) continue;
+      io_uring_sqe *sqe = io_uring_get_sqe(ring_);
+      MRC_CHECK(sqe != nullptr);
+      io_uring_prep_cancel64(sqe, tag, 0);
+      io_uring_sqe_set_data64(sqe, kCancel);
+    }
+    while (uffd_active_ || control_active_) {
+      if (!wait()) return;
+      reap([](const io_uring_cqe *) {});
+    }
+  }
+
+  static constexpr uint64_t kCancel = 3;
+  MonitorRun *const run_;
+  io_uring *const ring_;
+  bool uffd_active_ = false;
+  bool control_active_ = false;
+  uint64_t control_value_ = 0;
+};
+
+void *monitor_main(void *arg) {
+  MonitorRun *run = static_cast<MonitorRun *>(arg);
+  if (run->ring != nullptr) {
+    UringLoop loop(run);
+    if (loop.run()) return nullptr;
+    // The ring failed: the same work on poll(2). A read request we could not retire may swallow
+    // the stop wakeup, hence the timeout.
+    service(run);
+    poll_loop(run, 100);
+    return nullptr;
+  }
+  poll_loop(run, -1);
+  return nullptr;
+}
+
+// ---- lifecycle (REQUIRES: g.mutex) ----
+
+void close_run_locked() noexcept {
+  if (g.uffd >= 0) close(g.uffd);  // drops every registration, releases any waiting thread
+  g.uffd = -1;
+  if (g.ring_ready) io_uring_queue_exit(&g.ring);
+  g.ring_ready = false;
+  if (g.control >= 0) close(g.control);
+  g.control = -1;
+  if (g.stack != nullptr) munmap(g.stack, g.stack_bytes);
+  g.stack = nullptr;
+  g.stack_bytes = 0;
+  g.queue.release();
+  g.watches.reset(detail::WatchConfig{});
+  g.running = false;
+}
+
+void become_uncached_locked(bool unavailable) noexcept {
+  close_run_locked();
+  g.mode.store(MRC_MONITOR_UNCACHED, std::memory_order_relaxed);
+  g.features = 0;
+  if (unavailable) say_uncached_once(g.reason);
+}
+
+uint64_t default_vma_budget() noexcept {
+  uint64_t max_map_count = 65530;
+  const int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char text[32];
+    const ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (n > 0) {
+      text[n] = '\0';
+      const uint64_t parsed = strtoull(text, nullptr, 10);
+      if (parsed > 0) max_map_count = parsed;
+    }
+  }
+  // A quarter of the ceiling: the rest stays the application's.
+  return max_map_count / 4;
+}
+
+void start_locked() noexcept {
+  g.needs_start = false;
+  Negotiated negotiated = negotiate(g.reason, sizeof(g.reason));
+  g.negotiated = true;
+  if (negotiated.fd < 0) {
+    become_uncached_locked(negotiated.unavailable);
+    return;
+  }
+  g.uffd = negotiated.fd;
+  g.register_mode = negotiated.register_mode;
+
+  const size_t capacity = g.queue_capacity.load(std::memory_order_relaxed);
+  const char *failed = nullptr;
+  if (g.queue.allocate(capacity != 0 ? capacity : kDefaultQueueCapacity) != MRC_OK) {
+    failed = "cannot allocate the invalidation queue";
+  }
+  if (failed == nullptr) {
+    g.control = eventfd(0, EFD_CLOEXEC);
+    if (g.control < 0) failed = "eventfd failed";
+  }
+  if (failed == nullptr) {
+    const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    g.stack_bytes = kStackBytes + guard;
+    // Our own, populated stack: in MISSING mode the monitor must never fault on watched memory,
+    // and a recycled thread stack could have been watched by its previous owner.
+    g.stack = mmap(nullptr, g.stack_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_POPULATE, -1, 0);
+    if (g.stack == MAP_FAILED) {
+      g.stack = nullptr;
+      failed = "cannot allocate the monitor's stack";
+    } else {
+      (void)mprotect(g.stack, guard, PROT_NONE);
+      // Not copied into a forked child (no thread runs on it there), and never merged with an
+      // adjacent application mapping (see InvalidationQueue::allocate).
+      (void)madvise(g.stack, g.stack_bytes, MADV_DONTFORK);
+    }
+  }
+  if (failed == nullptr && !g.force_poll.load(std::memory_order_relaxed)) {
+    g.ring_ready = io_uring_queue_init(8, &g.ring, 0) == 0;
+    // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
+  }
+  if (failed != nullptr) {
+    Text why{g.reason, sizeof(g.reason)};
+    why.used = strlen(g.reason);
+    why.add("; but %s", failed);
+    become_uncached_locked(true);
+    return;
+  }
+
+  g.run.uffd = g.uffd;
+  g.run.control = g.control;
+  g.run.ring = g.ring_ready ? &g.ring : nullptr;
+  g.run.queue = &g.queue;
+  g.run.events = &g.events;
+  g.run.stop.store(false, std::memory_order_relaxed);
+  const char *drop = getenv("MRC_TEST_DROP_EVENTS");
+  g.run.drop_events = drop != nullptr && strcmp(drop, "1") == 0;
+  g.run.page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  pthread_attr_setstack(&attr, static_cast<char *>(g.stack) + guard, kStackBytes);
+  // The thread inherits this mask: it blocks every signal from its first instruction, so that no
+  // handler (which could allocate or take a lock) ever runs on it.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const int rc = pthread_create(&g.thread, &attr, monitor_main, &g.run);
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    Text why{g.reason, sizeof(g.reason)};
+    why.used = strlen(g.reason);
+    why.add("; but the monitor thread could not start (%s)", strerrorname_np(rc));
+    become_uncached_locked(true);
+    return;
+  }
+  pthread_setname_np(g.thread, "mrc-monitor");
+  g.running = true;
+  g.mode.store(negotiated.mode, std::memory_order_relaxed);
+  g.features = negotiated.features;
+
+  detail::WatchConfig config;
+  config.uffd = g.uffd;
+  config.register_mode = g.register_mode;
+  config.mode = negotiated.mode;
+  const uint64_t budget = g.vma_budget.load(std::memory_order_relaxed);
+  config.vma_budget = budget != 0 ? budget : default_vma_budget();
+  config.own[0][0] = reinterpret_cast<uintptr_t>(g.stack);
+  config.own[0][1] = config.own[0][0] + g.stack_bytes;
+  config.own[1][0] = g.queue.storage_begin();
+  config.own[1][1] = g.queue.storage_end();
+  g.watches.reset(config);
+  MonitorState::attach(&g.internal, g.queue.head());
+}
+
+void stop_locked() noexcept {
+  if (g.running) {
+    g.run.stop.store(true, std::memory_order_release);
+    const uint64_t one = 1;
+    ssize_t ignored = write(g.control, &one, sizeof(one));
+    (void)ignored;
+    pthread_join(g.thread, nullptr);
+  }
+  close_run_locked();
+  g.needs_start = false;
+}
+
+// Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away.
+void sync_watches_locked() noexcept {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const DrainResult result = g.internal.drain([](const Invalidation &record) {
+      if (record.kind != InvalidationKind::Remove) g.watches.disarm(record.start, record.end);
+    });
+    if (result == DrainResult::Ok) return;
+    g.watches.disarm_all();  // lapped: any registration may be gone; drain again to resync
+  }
+}
+
+// ---- fork ----
+
+void before_fork() noexcept {
+  g.mutex.lock();
+  detail::maps_prepare_fork();
+}
+
+void after_fork_in_parent() noexcept {
+  detail::maps_parent_after_fork();
+  g.mutex.unlock();
+}
+
+// The child has no monitor thread, and its VMAs lost their registration (no EVENT_FORK). Drop
+// the inherited descriptors (closing them here does not affect the parent's), forget the watch
+// table and tell every consumer, through its next drain(), to forget its regions.
+void after_fork_in_child() noexcept {
+  detail::maps_child_after_fork();
+  close_run_locked();
+  g.queue.reset_after_fork();
+  for (Consumer *consumer = g.consumers; consumer != nullptr;
+       consumer = MonitorState::next_of(consumer)) {
+    MonitorState::mark_forked(consumer);
+  }
+  MonitorState::attach(&g.internal, g.queue.head());
+  g.events.store(0, std::memory_order_relaxed);
+  g.needs_start = g.subscribers > 0;
+  g.mutex.unlock();
+}
+
+void install_fork_handlers() noexcept {
+  pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+}
+
+bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, char *why,
+                size_t why_len) noexcept {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  if (length == 0 || start + length < start || start + length > UINTPTR_MAX - page) {
+    set_text(why, why_len, "empty or wrapping range");
+    return false;
+  }
+  *lo = start & ~(page - 1);
+  *hi = (start + length + page - 1) & ~(page - 1);
+  return true;
+}
+
+}  // namespace
+
+// ---- Consumer ----
+
+DrainResult Consumer::begin_drain() noexcept {
+  if (forked_.load(std::memory_order_relaxed)) {
+    // The cursor stays poisoned (quiescent() false) until the cache has forgotten its regions
+    // and drains again.
+    forked_.store(false, std::memory_order_relaxed);
+    resync_ = true;
+    resync_to_ = queue_->head();
+    return DrainResult::Forked;
+  }
+  if (resync_) {
+    resync_ = false;
+    cursor_.store(resync_to_, std::memory_order_release);
+  }
+  queue_->wait_until_idle();
+  return DrainResult::Ok;
+}
+
+DrainResult Consumer::lapped(uint64_t head) noexcept {
+  resync_ = true;
+  resync_to_ = head;
+  return DrainResult::Overflow;
+}
+
+WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t why_len) {
+  if (why != nullptr && why_len > 0) why[0] = '\0';
+  uintptr_t lo;
+  uintptr_t hi;
+  if (!page_range(start, length, &lo, &hi, why, why_len)) return WatchResult::NotMonitorable;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (g.needs_start) start_locked();
+  sync_watches_locked();
+  return g.watches.watch(lo, hi, why, why_len);
+}
+
+void Consumer::unwatch(uintptr_t start, size_t length) {
+  uintptr_t lo;
+  uintptr_t hi;
+  if (!page_range(start, length, &lo, &hi, nullptr, 0)) return;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  sync_watches_locked();
+  g.watches.unwatch(lo, hi);
+}
+
+mrc_monitor_mode_t Consumer::mode() const noexcept {
+  return static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
+}
+
+// ---- Monitor ----
+
+mrc_status_t Monitor::subscribe(Consumer **out) {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  pthread_once(&g_atfork_once, install_fork_handlers);
+  Consumer *consumer = new (std::nothrow) Consumer(&g.queue);
+  if (consumer == nullptr) return MRC_ERR_NO_MEMORY;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (g.subscribers == 0 || g.needs_start) start_locked();
+  consumer->cursor_.store(g.queue.head(), std::memory_order_relaxed);
+  consumer->next_ = g.consumers;
+  if (g.consumers != nullptr) g.consumers->prev_ = consumer;
+  g.consumers = consumer;
+  ++g.subscribers;
+  *out = consumer;
+  return MRC_OK;
+}
+
+void Monitor::unsubscribe(Consumer *consumer) {
+  if (consumer == nullptr) return;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (consumer->prev_ != nullptr) {
+    consumer->prev_->next_ = consumer->next_;
+  } else {
+    g.consumers = consumer->next_;
+  }
+  if (consumer->next_ != nullptr) consumer->next_->prev_ = consumer->prev_;
+  delete consumer;
+  MRC_CHECK(g.subscribers > 0);
+  if (--g.subscribers == 0) stop_locked();
+}
+
+void Monitor::info(mrc_monitor_info_t *out) noexcept {
+  if (out == nullptr) return;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (g.subscribers == 0) {
+    // Nothing runs: report what a start would choose now.
+    Negotiated probe = negotiate(g.reason, sizeof(g.reason));
+    if (probe.fd >= 0) close(probe.fd);
+    g.negotiated = true;
+    g.mode.store(probe.mode, std::memory_order_relaxed);
+    g.features = probe.features;
+  }
+  *out = mrc_monitor_info_t{};
+  out->mode = static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
+  out->mode_name = mode_name(out->mode);
+  snprintf(out->reason, sizeof(out->reason), "%s", g.reason);
+  out->features = g.features;
+  out->running = g.running ? 1 : 0;
+  out->events = g.events.load(std::memory_order_relaxed);
+  out->watched_bytes = g.watches.watched_bytes();
+  out->vmas_added = g.watches.vmas_added();
+  out->vma_budget = g.watches.vma_budget();
+}
+
+// ---- test controls ----
+
+namespace testing {
+void set_queue_capacity(size_t records) {
+  g.queue_capacity.store(records, std::memory_order_relaxed);
+}
+void set_vma_budget(uint64_t vmas) { g.vma_budget.store(vmas, std::memory_order_relaxed); }
+void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
+uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
+int monitor_fd() {
+  std::lock_guard<std::mutex> hold(g.mutex);
+  return g.running ? g.uffd : -1;
+}
+}  // namespace testing
+
+}  // namespace mrc::uffd
+
+extern "C" MRC_API mrc_status_t mrc_monitor_info(mrc_monitor_info_t *info) {
+  if (info == nullptr) return MRC_ERR_INVALID;
+  mrc::uffd::Monitor::info(info);
+  return MRC_OK;
+}

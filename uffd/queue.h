@@ -1,0 +1,109 @@
+// The invalidation queue: the monitor's output, read by every subscribed cache.
+//
+// SYNCHRONIZATION
+//   One producer (the monitor thread) and any number of consumers, each with its own cursor.
+//   The producer never blocks, never waits for a consumer and never allocates: the ring is
+//   preallocated by allocate() before the producer starts, and a slow consumer is simply
+//   overtaken (lapped). A lapped consumer notices it (read() returns false) and must purge
+//   everything it derived from the queue; no record is ever lost silently.
+//
+//   pending_  raised (seq_cst RMW) by the producer before each read() of the userfaultfd and
+//             lowered (seq_cst RMW, so at least release) after the records of that read are
+//             published. Consumers load it with acquire: seeing 0 after the kernel released an
+//             unmapping thread means the record of that unmap is visible (see begin_batch).
+//   head_     number of records ever published (monotonic across monitor restarts). Stored
+//             with release after the slots it covers; consumers load it with acquire.
+//   slot seq  per-slot sequence number, a seqlock: 2*i+1 while record i is being written,
+//             2*i+2 once it is complete. Writer: seq odd (relaxed), fields (release), seq even
+//             (release). Reader: seq (acquire), fields (acquire), seq again (relaxed); equal and
+//             even and == 2*i+2 means an untorn copy of record i. The acquire field loads make
+//             the second seq load see the odd mark of any later writer whose fields were read.
+//   waiters_  consumers sleeping in wait_until_idle(); the producer wakes them after lowering
+//             pending_ (Dekker pair: both sides use seq_cst on pending_ and waiters_).
+//   next_     producer-private; set before the producer thread starts (pthread_create orders it).
+//   slots_, mask_  written by allocate()/release() only while no producer runs and no consumer
+//             is attached (the monitor's registry mutex and lifecycle guarantee this).
+//
+//   Progress: the producer is wait-free. quiescent-style checks are wait-free; read() is
+//   wait-free; wait_until_idle() blocks only while pending_ is raised, which lasts one
+//   non-blocking read() plus stores.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "mrcache/mrcache.h"
+
+namespace mrc::uffd {
+
+// What went away. Unmap: munmap, brk shrink, mremap shrink, MAP_FIXED over it. Remove:
+// madvise(DONTNEED/FREE/REMOVE) dropped the pages (the mapping stays). Remap: a moving mremap;
+// [start, end) is the old range.
+enum class InvalidationKind : uint32_t { Unmap, Remove, Remap };
+
+struct Invalidation {
+  uintptr_t start;
+  uintptr_t end;
+  InvalidationKind kind;
+};
+
+class InvalidationQueue {
+ public:
+  constexpr InvalidationQueue() = default;
+  InvalidationQueue(const InvalidationQueue &) = delete;
+  InvalidationQueue &operator=(const InvalidationQueue &) = delete;
+
+  // Preallocates (and pre-faults) room for `capacity` records, a power of two >= 2.
+  // REQUIRES: no producer running, no consumer reading, no storage attached.
+  [[nodiscard]] mrc_status_t allocate(size_t capacity) noexcept;
+  // REQUIRES: as for allocate(). Records already published stay counted in head().
+  void release() noexcept;
+  size_t capacity() const noexcept { return mask_ + 1; }
+  bool allocated() const noexcept { return slots_ != nullptr; }
+  // The storage's address range (empty when not allocated).
+  uintptr_t storage_begin() const noexcept { return reinterpret_cast<uintptr_t>(slots_); }
+  uintptr_t storage_end() const noexcept { return storage_begin() + bytes_; }
+
+  // ---- producer (one thread) ----
+  // Raises pending_. Why before the read(): the kernel releases the unmapping thread as soon as
+  // read() has copied its message out, long before the record is appended. Because pending_ is
+  // already raised at that moment, any thread that learns the munmap returned (and then loads
+  // pending_) sees it raised, or sees it lowered by end_batch() after the record was published.
+  void begin_batch() noexcept { pending_.fetch_add(1, std::memory_order_seq_cst); }
+  void append(const Invalidation &record) noexcept;
+  // Publishes the appended records (head_, release), then lowers pending_ and wakes waiters.
+  void end_batch() noexcept;
+
+  // ---- consumers ----
+  uint32_t pending() const noexcept { return pending_.load(std::memory_order_acquire); }
+  uint64_t head() const noexcept { return head_.load(std::memory_order_acquire); }
+  // Copies record `index` (< head()). False when it was overwritten: the reader was lapped.
+  [[nodiscard]] bool read(uint64_t index, Invalidation *out) const noexcept;
+  // Returns once pending_ is 0: spins briefly, then sleeps on a futex.
+  void wait_until_idle() const noexcept;
+
+  // In a forked child: no producer exists there, whatever state the copy was caught in.
+  void reset_after_fork() noexcept;
+
+ private:
+  struct Slot {
+    std::atomic<uint64_t> seq;
+    std::atomic<uint64_t> start;
+    std::atomic<uint64_t> end;
+    std::atomic<uint32_t> kind;
+    uint32_t unused;
+  };
+  static_assert(sizeof(Slot) == 32);
+
+  // Read on every fast-path check: one cache line, written once per batch.
+  alignas(64) mutable std::atomic<uint32_t> pending_{0};
+  std::atomic<uint64_t> head_{0};
+  alignas(64) mutable std::atomic<uint32_t> waiters_{0};
+  alignas(64) uint64_t next_ = 0;
+  Slot *slots_ = nullptr;
+  uint64_t mask_ = 0;
+  size_t bytes_ = 0;
+};
+
+}  // namespace mrc::uffd

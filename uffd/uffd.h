@@ -1,0 +1,181 @@
+// uffd: the process-wide userfaultfd monitor, watched ranges and the invalidation queue.
+//
+// The monitor learns from the kernel that memory went away (munmap, mremap, madvise, brk,
+// MAP_FIXED) for the ranges caches watch, and publishes one record per event into a
+// preallocated broadcast queue that every subscribed cache (Consumer) reads at its own pace.
+//
+// SYNCHRONIZATION
+//   Monitor thread  waits on the userfaultfd (readiness only) and on a control eventfd through
+//                   io_uring; raises the queue's `pending`, read()s a batch of uffd_msg,
+//                   publishes records, lowers `pending`. It never allocates, frees, logs, takes a
+//                   lock, or calls a backend: anything it freed could be registered memory whose
+//                   munmap waits for the monitor itself.
+//   registry mutex  (monitor.cc) guards the subscriber list, start/stop, the negotiated mode and
+//                   the watch table; subscribe, unsubscribe, watch, unwatch and info take it.
+//                   The monitor thread never takes it. It is held across fork (pthread_atfork).
+//   Consumer::quiescent()  any thread, no lock: acquire loads of `pending`, of the queue head
+//                   and of the consumer's cursor. Pairs with the monitor's lowering of `pending`
+//                   (after publishing) and with drain()'s release store of the cursor (after the
+//                   records were applied).
+//   Consumer::drain()  one thread at a time per consumer (the cache holds its own lock).
+//
+// The invariant (DESIGN.md): after munmap returns in thread A, a get started afterwards by A (or
+// by a thread synchronised with A) never returns a region created for the old memory. The kernel
+// releases A when the monitor's read() has consumed the event; `pending` was raised before that
+// read, so A's later quiescent() sees it raised (slow path: wait, drain) or sees it lowered after
+// the record was published (and then the cursor is behind the head until the record is applied).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "mrcache/mrcache.h"
+#include "uffd/queue.h"
+
+namespace mrc::uffd {
+
+enum class DrainResult {
+  Ok,
+  Overflow,  // records were lost to this consumer: purge everything (deregistering it)
+  Forked,    // in a forked child: forget every region WITHOUT deregistering (the parent owns
+             // them); do not unwatch ranges watched before the fork (the child's table is empty)
+};
+
+enum class WatchResult {
+  Watched,
+  NotMonitorable,  // do not cache: uncached mode, SysV shm, another userfaultfd owns the range
+                   // (EBUSY), a mapping the kernel or the mode refuses, not mapped, VMA budget
+};
+
+// Granularity of watching. Registering a range inside a larger mapping splits its VMA, so ranges
+// are widened to whole blocks of this size (clipped to their mapping): a million cached regions
+// in one mapping then cost one registration per block and at most two extra VMAs in total,
+// because adjacent registered blocks merge back into one VMA. The price: unmaps within a watched
+// block but outside any cached region still produce (harmless) invalidations.
+inline constexpr size_t kWatchBlock = size_t{2} << 20;
+
+class Monitor;
+
+// One per cache: its cursor into the monitor's queue, and its door to watch/unwatch.
+class Consumer {
+ public:
+  Consumer(const Consumer &) = delete;
+  Consumer &operator=(const Consumer &) = delete;
+
+  // Fast path, any thread, no lock, no syscall: nothing is pending in the monitor and every
+  // record published so far has been applied by this consumer.
+  bool quiescent() const noexcept {
+    if (queue_->pending() != 0) return false;
+    return cursor_.load(std::memory_order_acquire) == queue_->head();
+  }
+
+  // Slow path; one thread at a time. Waits (bounded) until `pending` falls, calls
+  // apply(const Invalidation &) for every new record, then advances the cursor (release) once
+  // apply has returned for all of them. On Overflow the cursor stays behind (quiescent() stays
+  // false) until the next drain(), which first moves it past the lost records: purge before
+  // draining again. On Forked the consumer is re-attached to the child's fresh monitor.
+  template <class Apply>
+  [[nodiscard]] DrainResult drain(Apply &&apply);
+
+  // Makes the kernel report unmaps of [start, start+length) (widened to whole watch blocks
+  // clipped to the mapping). Call before registering with the backend: an unmap between a
+  // registration and a later watch would never be seen. Reference counted per block piece, so
+  // neighbours never unwatch each other. A watch whose blocks are all armed costs no syscall.
+  // On NotMonitorable, `why` (if given) receives a human-readable reason.
+  [[nodiscard]] WatchResult watch(uintptr_t start, size_t length, char *why = nullptr,
+                                  size_t why_len = 0);
+  // Drops one reference taken by a successful watch() with the same arguments.
+  void unwatch(uintptr_t start, size_t length);
+
+  mrc_monitor_mode_t mode() const noexcept;
+
+ private:
+  friend class Monitor;
+  friend struct MonitorState;
+  constexpr explicit Consumer(InvalidationQueue *queue) noexcept : queue_(queue) {}
+  ~Consumer() = default;
+
+  // Handles Forked and a pending resync, then waits for `pending` to fall. Ok: go on draining.
+  DrainResult begin_drain() noexcept;
+  DrainResult lapped(uint64_t head) noexcept;
+
+  static constexpr uint64_t kForkedCursor = ~uint64_t{0};  // never equals a head
+
+  InvalidationQueue *const queue_;
+  // Written by the draining thread (release), read by every fast-path thread (acquire).
+  alignas(64) std::atomic<uint64_t> cursor_{0};
+  // Set only by the fork child handler (single-threaded child), read by drain().
+  std::atomic<bool> forked_{false};
+  // Drain-thread private.
+  bool resync_ = false;
+  uint64_t resync_to_ = 0;
+  // Registry list, guarded by the registry mutex.
+  Consumer *prev_ = nullptr;
+  Consumer *next_ = nullptr;
+  bool internal_ = false;
+};
+
+class Monitor {
+ public:
+  // Process-wide and reference counted: the first subscriber starts the monitor (negotiating
+  // the mode), the last one to leave stops it. MRC_OK in uncached mode too (watch() then always
+  // answers NotMonitorable). MRC_ERR_NO_MEMORY if the consumer cannot be allocated.
+  [[nodiscard]] static mrc_status_t subscribe(Consumer **out);
+  static void unsubscribe(Consumer *consumer);
+  // The mode (negotiating it if the monitor never ran), why, and counters.
+  static void info(mrc_monitor_info_t *out) noexcept;
+};
+
+// Mapping facts the cache needs (protection widening, clipping): PROCMAP_QUERY on an open
+// /proc/self/maps (Linux 6.11+), else a parse of /proc/self/maps.
+struct Mapping {
+  uintptr_t start, end;
+  unsigned prot;  // PROT_*
+  bool shared;
+  uint64_t inode;
+  bool sysv_shm;
+  // Additions: the page size of the mapping (huge for hugetlbfs; the base page size when only
+  // /proc/self/maps could be read), and whether it is private anonymous memory.
+  size_t page_size;
+  bool anonymous;
+};
+// The mapping that contains `address`: MRC_OK, MRC_ERR_NOT_FOUND (not mapped) or MRC_ERR_IO.
+[[nodiscard]] mrc_status_t query_mapping(uintptr_t address, Mapping *out);
+// The mapping that contains `address` or else the first one above it.
+[[nodiscard]] mrc_status_t query_mapping_from(uintptr_t address, Mapping *out);
+
+// ---- test-only controls (tests/uffd and tools/bench; not for the cache) ----
+namespace testing {
+// Capacity (power of two) of the queue allocated by the next start; 0 = the default (32768).
+void set_queue_capacity(size_t records);
+// Ceiling on VMAs added by watching; 0 = the default (vm.max_map_count / 4).
+void set_vma_budget(uint64_t vmas);
+// Use the /proc/self/maps parser even where PROCMAP_QUERY works.
+void force_maps_fallback(bool on);
+// Run the monitor loop on poll(2) instead of io_uring (the fallback when io_uring fails).
+void force_poll_loop(bool on);
+// UFFDIO_REGISTER calls made by watch() since the process started.
+uint64_t registrations();
+// The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).
+int monitor_fd();
+}  // namespace testing
+
+// ---- inline ----
+
+template <class Apply>
+DrainResult Consumer::drain(Apply &&apply) {
+  const DrainResult started = begin_drain();
+  if (started != DrainResult::Ok) return started;
+  const uint64_t head = queue_->head();
+  uint64_t at = cursor_.load(std::memory_order_relaxed);
+  Invalidation record;
+  for (; at != head; ++at) {
+    if (!queue_->read(at, &record)) return lapped(head);
+    apply(static_cast<const Invalidation &>(record));
+  }
+  cursor_.store(head, std::memory_order_release);
+  return DrainResult::Ok;
+}
+
+}  // namespace mrc::uffd
