@@ -279,9 +279,11 @@ void Cache::drain_locked() noexcept {
   switch (result) {
     case uffd::DrainResult::Ok: break;
     case uffd::DrainResult::Overflow:
+      // Records were lost: nothing cached can be trusted. The next drain moves past the gap.
       MRC_LOG_INFO("cache {}: invalidation queue overflowed; purging every region", name_);
       purges_.fetch_add(1, std::memory_order_relaxed);
       purge_locked(true);
+      drain_locked();
       break;
     case uffd::DrainResult::Forked: {
       // In a forked child: the parent owns every registration; forget them all.
@@ -507,8 +509,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     *out = region;
     return MRC_OK;
   }
-  region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched |
-                          Region::kReferenced,
+  // Inserted without the CLOCK bit: a region earns its second chance by being used again.
+  region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched,
                       std::memory_order_relaxed);
   region->refcount.store(2, std::memory_order_relaxed);  // the table's and the caller's
   MRC_CHECK(table_.insert(region) == MRC_OK);            // overlaps were removed above

@@ -1,7 +1,8 @@
 // The invariant under contention: after an unmap returns, no get started afterwards returns the
-// old registration. Mutator threads replace mappings (MAP_FIXED, an UNMAP event each time) and
-// stamp each new mapping with a generation; workers read the published generation, get, and
-// check the registration was made of memory at least that new.
+// old registration. Mutators count each change of a slot's memory twice: `started` before the
+// syscall, `completed` after it returned. The backend records `started` at registration. A
+// worker reads `completed` (G) before its get; a registration that recorded started < G was
+// made before the G-th change began, so it maps replaced memory: returning it is stale use.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,11 +27,16 @@ constexpr size_t kSlotPages = 4;  // plus one PROT_NONE guard page so slots neve
 
 struct Slot {
   char *base = nullptr;
-  std::atomic<uint64_t> generation{0};
+  std::atomic<uint64_t> started{0};
+  std::atomic<uint64_t> completed{0};
 };
+Slot g_slots[kSlots];
 
-void stamp(char *base, uint64_t generation) {
-  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t *>(base)).store(generation, std::memory_order_relaxed);
+uint64_t started_changes(uintptr_t start) {
+  for (Slot &slot : g_slots) {
+    if (reinterpret_cast<uintptr_t>(slot.base) == start) return slot.started.load(std::memory_order_acquire);
+  }
+  return ~uint64_t{0};  // not a slot start: never judged
 }
 
 TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
@@ -38,7 +44,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
   ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
   if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
   CountingBackend backend;
-  backend.read_stamp = true;
+  backend.stamp_source = &started_changes;
   mrc_cache_params_t params = backend.params("concurrency");
   params.max_regions = 6;  // eviction runs concurrently too
   mrc_cache_t *cache = nullptr;
@@ -47,14 +53,12 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
   char *area = static_cast<char *>(mmap(nullptr, kSlots * (kSlotPages + 1) * kPage, PROT_NONE,
                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(area, MAP_FAILED);
-  Slot slots[kSlots];
+  Slot *slots = g_slots;
   for (size_t i = 0; i < kSlots; ++i) {
     slots[i].base = area + i * (kSlotPages + 1) * kPage;
     ASSERT_EQ(mmap(slots[i].base, kSlotPages * kPage, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
               slots[i].base);
-    stamp(slots[i].base, 1);
-    slots[i].generation = 1;
   }
 
   std::atomic<bool> stop{false};
@@ -63,7 +67,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
     std::mt19937 rng(seed);
     while (!stop.load(std::memory_order_relaxed)) {
       Slot &slot = slots[rng() % kSlots];
-      const uint64_t generation = slot.generation.load(std::memory_order_acquire);
+      const uint64_t generation = slot.completed.load(std::memory_order_acquire);
       const size_t offset = (rng() % kSlotPages) * kPage;
       const size_t length = kPage * (1 + rng() % (kSlotPages - offset / kPage));
       mrc_region_t *region = nullptr;
@@ -85,7 +89,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
       // Each mutator owns every other slot, so no slot has two mutators.
       const size_t index = (rng() % (kSlots / 2)) * 2 + (seed & 1);
       Slot &mine = slots[index];
-      const uint64_t next = mine.generation.load(std::memory_order_relaxed) + 1;
+      mine.started.fetch_add(1, std::memory_order_seq_cst);
       if (rng() % 2 == 0) {
         ASSERT_EQ(mmap(mine.base, kSlotPages * kPage, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
@@ -93,8 +97,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
       } else {
         ASSERT_EQ(madvise(mine.base, kSlotPages * kPage, MADV_DONTNEED), 0);
       }
-      stamp(mine.base, next);
-      mine.generation.store(next, std::memory_order_release);
+      mine.completed.fetch_add(1, std::memory_order_release);
       ++remaps;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -117,6 +120,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
   EXPECT_EQ(backend.live_count(), 0u);
   EXPECT_EQ(backend.regs, backend.deregs);
   munmap(area, kSlots * (kSlotPages + 1) * kPage);
+  for (Slot &slot : g_slots) slot.base = nullptr;
 }
 
 TEST(CacheConcurrency, ConcurrentInvalidateAndPut) {

@@ -32,10 +32,7 @@ mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned pr
   }
   auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,
                                         self->next_serial_.fetch_add(1)};
-  if (self->read_stamp) {
-    registration->stamp =
-        std::atomic_ref<uint64_t>(*static_cast<uint64_t *>(addr)).load(std::memory_order_relaxed);
-  }
+  if (auto source = self->stamp_source.load()) registration->stamp = source(registration->start);
   {
     std::lock_guard lock(self->mutex);
     self->live.insert(registration->serial);

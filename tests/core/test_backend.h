@@ -16,7 +16,7 @@ struct Registration {
   uintptr_t start;
   size_t length;
   unsigned prot;
-  uint64_t stamp;  // first 8 bytes of the memory at registration time
+  uint64_t stamp;  // stamp_source(start) at registration time (0 without a source)
   uint64_t serial;
 };
 
@@ -29,7 +29,8 @@ class CountingBackend {
 
   std::atomic<uint64_t> regs{0}, deregs{0}, failures{0};
   std::atomic<bool> fail_all{false};
-  std::atomic<bool> read_stamp{false};
+  // Called at registration with the start address; its result is recorded in the handle.
+  std::atomic<uint64_t (*)(uintptr_t)> stamp_source{nullptr};
   // Ranges that fail to register (exact match of start).
   std::mutex mutex;
   std::set<uintptr_t> failing_starts;

@@ -1,0 +1,109 @@
+// Process-local objects behind the mrc_seg_* handles, and the internal calls between the files
+// of core/segment/.
+//
+// SYNCHRONIZATION
+//  - g_registry (domain.cc) lists the domains this process has joined, one per prefix; guarded
+//    by a process-local mutex, which domain open/close hold throughout (so two threads never
+//    race to reserve the same window) and which fork() holds (pthread_atfork), so a child
+//    sees a consistent list and closes its copies of the presence descriptors.
+//  - mrc_seg_domain::mu (process-local) guards refs, open_segments and the mappings list, and
+//    serialises this process's segment open/close (a close re-reserves the range before another
+//    thread can map something there). Lock order: registry mutex, then mu, then the shared
+//    domain lock (RootHeader::lock), then a heap lock. Nothing takes them in another order.
+//  - mrc_seg::registration_mu guards the registration fields of one handle.
+//  - Immutable after open: every other field of mrc_seg_domain, Mapping and mrc_seg.
+#pragma once
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/segment/layout.h"
+#include "mrcache/mrcache.h"
+
+struct mrc_seg_domain;
+
+namespace mrc::seg {
+
+// One segment as this process maps it; shared by every handle of this process on it.
+struct Mapping {
+  Mapping *next = nullptr;
+  int refs = 0;             // handles (guarded by the domain's mu; 1 for memfd segments)
+  uint32_t entry = 0;       // directory index (named segments)
+  uint64_t generation = 0;
+  char name[kNameMax + 1] = {};
+  char *start = nullptr;    // what the segment owns: [start, start + va_len)
+  size_t va_len = 0;
+  size_t map_size = 0;      // bytes mapped from the /dev/shm file or the memfd
+  char *data = nullptr;     // the usable bytes
+  size_t data_size = 0;
+  unsigned flags = 0;
+  int numa_node = -1;
+  SegHeader *header = nullptr;  // nullptr for MRC_SEG_NODATA
+  int memfd = -1;               // memfd segments only
+};
+
+}  // namespace mrc::seg
+
+struct mrc_seg_domain {
+  pthread_mutex_t mu;
+  mrc_seg_domain *next = nullptr;  // registry link
+  int refs = 0;
+  int open_segments = 0;
+  pid_t pid = 0;
+  bool observer = false;
+  bool created = false;
+  bool forked = false;  // a fork() child's copy: unusable there
+  int fd = -1;          // the root file (its OFD carries our presence lock)
+  mrc::seg::RootHeader *root = nullptr;
+  uintptr_t base = 0;   // the window, reserved in this process unless observer
+  size_t size = 0;
+  int slot = -1;
+  uint64_t domain_id = 0;
+  char prefix[mrc::seg::kNameMax + 1] = {};
+  char root_name[160] = {};
+  uid_t uid = 0;
+  gid_t gid = 0;
+  unsigned mode = 0600;
+  unsigned timeout_ms = 0;
+  unsigned files_unlinked = 0;  // by this process (guarded by the domain lock)
+  mrc::seg::Mapping *maps = nullptr;
+};
+
+struct mrc_seg {
+  mrc_seg_domain *domain = nullptr;  // nullptr for memfd segments
+  mrc::seg::Mapping *map = nullptr;
+  bool created = false;
+  pthread_mutex_t registration_mu = PTHREAD_MUTEX_INITIALIZER;
+  mrc_cache_t *cache = nullptr;     // set by mrc_seg_register (register.cc)
+  mrc_region_t *region = nullptr;   // the segment's own reference
+  uint64_t key = 0;
+  void (*release_registration)(mrc_seg *) = nullptr;  // register.cc's mrc_put, when registered
+};
+
+namespace mrc::seg {
+
+// domain.cc
+[[nodiscard]] mrc_status_t segment_open(mrc_seg_domain *domain, const mrc_seg_params_t *params,
+                                        mrc_seg **out) noexcept;
+[[nodiscard]] mrc_status_t segment_close(mrc_seg *seg) noexcept;
+// The shared domain lock, recovering it (repair) when its owner died.
+[[nodiscard]] mrc_status_t lock_domain(mrc_seg_domain *domain, bool *repaired) noexcept;
+void unlock_domain(mrc_seg_domain *domain) noexcept;
+bool usable_here(const mrc_seg_domain *domain) noexcept;
+
+// Re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped there
+// (its own segment): the munmap the cache's monitor sees.
+[[nodiscard]] bool reserve_again(void *start, size_t len) noexcept;
+
+// NUMA: binds [addr, addr+len) to `node` before anything touches it, then reads the policy
+// back. MRC_ERR_UNSUPPORTED without NUMA, MRC_ERR_NOT_FOUND for a node that is not there.
+[[nodiscard]] mrc_status_t numa_check_node(int node) noexcept;
+[[nodiscard]] mrc_status_t numa_bind(void *addr, size_t len, int node) noexcept;
+
+// memfd.cc
+void memfd_close(Mapping *map) noexcept;
+
+}  // namespace mrc::seg

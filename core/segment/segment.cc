@@ -1,0 +1,136 @@
+// The C API of segment handles: base/size, the heap, info, close, and the last error.
+//
+// SYNCHRONIZATION: a handle's mapping is immutable while the handle is open (the caller must
+// not close a handle another thread still uses). The heap takes its own robust lock (heap.h).
+// info reads the directory under the domain lock. Registration fields are guarded by
+// mrc_seg::registration_mu (register.cc); close calls the release hook register.cc installed,
+// so this file does not depend on the cache's symbols.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/segment/domain.h"
+#include "core/segment/heap.h"
+#include "core/segment/sys.h"
+
+using mrc::seg::fail;
+
+namespace {
+
+bool has_heap(const mrc_seg *seg) {
+  return seg != nullptr && seg->map != nullptr && seg->map->header != nullptr &&
+         (seg->map->flags & MRC_SEG_HEAP) != 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+void mrc_seg_params_init(mrc_seg_params_t *params) {
+  if (params == nullptr) return;
+  *params = mrc_seg_params_t{};
+  params->numa_node = -1;
+}
+
+mrc_status_t mrc_seg_open(mrc_seg_domain_t *domain, const char *name, size_t size,
+                          unsigned flags, mrc_seg_t **out) {
+  mrc_seg_params_t params;
+  mrc_seg_params_init(&params);
+  params.name = name;
+  params.size = size;
+  params.flags = flags;
+  return mrc::seg::segment_open(domain, &params, out);
+}
+
+mrc_status_t mrc_seg_open_ex(mrc_seg_domain_t *domain, const mrc_seg_params_t *params,
+                             mrc_seg_t **out) {
+  return mrc::seg::segment_open(domain, params, out);
+}
+
+void *mrc_seg_base(const mrc_seg_t *seg) {
+  return seg != nullptr && seg->map != nullptr ? seg->map->data : nullptr;
+}
+
+size_t mrc_seg_size(const mrc_seg_t *seg) {
+  return seg != nullptr && seg->map != nullptr ? seg->map->data_size : 0;
+}
+
+void *mrc_seg_alloc(mrc_seg_t *seg, size_t size, size_t align) {
+  if (!has_heap(seg)) {
+    mrc::seg::set_error("segment has no heap");
+    return nullptr;
+  }
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  return heap.alloc(size, align);
+}
+
+void mrc_seg_free(mrc_seg_t *seg, void *ptr) {
+  if (ptr == nullptr || !has_heap(seg)) return;
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  (void)heap.free(ptr);
+}
+
+mrc_status_t mrc_seg_heap_check(mrc_seg_t *seg, mrc_seg_heap_stats_t *stats) {
+  mrc::seg::clear_error();
+  if (!has_heap(seg)) return fail(MRC_ERR_INVALID, "segment has no heap");
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  return heap.check(stats);
+}
+
+mrc_status_t mrc_seg_info(const mrc_seg_t *seg, mrc_seg_info_t *info) {
+  using namespace mrc::seg;
+  clear_error();
+  if (seg == nullptr || seg->map == nullptr || info == nullptr) {
+    return fail(MRC_ERR_INVALID, "seg or info is NULL");
+  }
+  const Mapping *m = seg->map;
+  *info = mrc_seg_info_t{};
+  info->name = m->name;
+  info->base = m->data;
+  info->size = m->data_size;
+  info->map_base = m->start;
+  info->map_size = m->va_len;
+  info->flags = m->flags;
+  info->generation = m->generation;
+  info->created = seg->created ? 1 : 0;
+  info->numa_node = m->numa_node;
+  if (seg->domain != nullptr) {
+    mrc_seg_domain *d = seg->domain;
+    if (!usable_here(d)) return MRC_ERR_INVALID;
+    const mrc_status_t st = lock_domain(d, nullptr);
+    if (st != MRC_OK) return st;
+    const SegEntry &e = d->root->segments[m->entry];
+    if (e.state == kEntryReady && e.generation == m->generation) {
+      for (uint64_t word : e.clients) info->clients += static_cast<unsigned>(__builtin_popcountll(word));
+    }
+    unlock_domain(d);
+  }
+  return MRC_OK;
+}
+
+mrc_status_t mrc_seg_close(mrc_seg_t *seg) {
+  using namespace mrc::seg;
+  clear_error();
+  if (seg == nullptr) return fail(MRC_ERR_INVALID, "seg is NULL");
+  if (seg->domain != nullptr && !usable_here(seg->domain)) return MRC_ERR_INVALID;
+  // Drop the segment's own registration before the unmap, so that the unmap event finds the
+  // region unreferenced and the cache deregisters it at once.
+  pthread_mutex_lock(&seg->registration_mu);
+  if (seg->release_registration != nullptr) seg->release_registration(seg);
+  seg->release_registration = nullptr;
+  pthread_mutex_unlock(&seg->registration_mu);
+  mrc_status_t st = MRC_OK;
+  if (seg->domain != nullptr) {
+    st = segment_close(seg);
+  } else {
+    memfd_close(seg->map);
+  }
+  pthread_mutex_destroy(&seg->registration_mu);
+  delete seg;
+  return st;
+}
+
+const char *mrc_seg_last_error(void) { return mrc::seg::last_error(); }
+
+}  // extern "C"

@@ -1,0 +1,190 @@
+// System helpers of the segment code. SYNCHRONIZATION: see sys.h (no shared state here; the
+// last error is thread-local).
+#include "core/segment/sys.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "core/segment/layout.h"
+
+namespace mrc::seg {
+
+namespace {
+thread_local char t_last_error[512];
+}  // namespace
+
+void set_error_text(const char *text) noexcept {
+  std::strncpy(t_last_error, text, sizeof t_last_error - 1);
+  t_last_error[sizeof t_last_error - 1] = '\0';
+}
+void clear_error() noexcept { t_last_error[0] = '\0'; }
+const char *last_error() noexcept { return t_last_error; }
+
+bool valid_name(const char *name) noexcept {
+  if (name == nullptr) return false;
+  size_t n = 0;
+  for (; name[n] != '\0'; ++n) {
+    if (n >= kNameMax) return false;
+    const char c = name[n];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  if (n == 0) return false;
+  return std::strcmp(name, ".") != 0 && std::strcmp(name, "..") != 0;
+}
+
+void root_shm_name(const char *prefix, char (&out)[160]) noexcept {
+  auto r = fmt::format_to_n(out, sizeof out - 1, "/{}:root", prefix);
+  *r.out = '\0';
+}
+
+void segment_shm_name(const char *prefix, uint64_t generation, const char *name,
+                      char (&out)[160]) noexcept {
+  auto r = fmt::format_to_n(out, sizeof out - 1, "/{}:{}:{}", prefix, generation, name);
+  *r.out = '\0';
+}
+
+uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t realtime_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t random_u64() noexcept {
+  uint64_t value = 0;
+  if (getrandom(&value, sizeof value, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof value)) {
+    // No entropy yet (early boot): the clock and pid still separate concurrent creators.
+    value = monotonic_ns() ^ (static_cast<uint64_t>(getpid()) << 32) ^ realtime_ns();
+  }
+  return value;
+}
+
+void sleep_ns(uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1000000000ULL), static_cast<long>(ns % 1000000000ULL)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int robust_mutex_init(pthread_mutex_t *mutex) noexcept {
+  pthread_mutexattr_t attr;
+  int rc = pthread_mutexattr_init(&attr);
+  if (rc != 0) return rc;
+  rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  if (rc == 0) rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  if (rc == 0) rc = pthread_mutex_init(mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  return rc;
+}
+
+LockResult robust_lock(pthread_mutex_t *mutex, uint64_t deadline_ns) noexcept {
+  timespec abs{static_cast<time_t>(deadline_ns / 1000000000ULL),
+               static_cast<long>(deadline_ns % 1000000000ULL)};
+  int rc;
+  do {
+    rc = pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &abs);
+  } while (rc == EINTR);
+  switch (rc) {
+    case 0: return LockResult::kAcquired;
+    case EOWNERDEAD: return LockResult::kOwnerDied;
+    case ETIMEDOUT: return LockResult::kTimeout;
+    case ENOTRECOVERABLE: return LockResult::kUnrecoverable;
+    default: return LockResult::kError;
+  }
+}
+
+MutexState mutex_state(const pthread_mutex_t *mutex) noexcept {
+  // glibc keeps the futex word of a robust mutex in __data.__lock: the owner's TID, with
+  // FUTEX_OWNER_DIED (0x40000000) set by the kernel when the owner exits holding it.
+  constexpr unsigned kOwnerDied = 0x40000000U;
+  constexpr unsigned kTidMask = 0x3fffffffU;
+  const auto word = static_cast<unsigned>(
+      __atomic_load_n(&mutex->__data.__lock, __ATOMIC_RELAXED));
+  MutexState state{};
+  state.owner_tid = static_cast<int>(word & kTidMask);
+  state.owner_died = (word & kOwnerDied) != 0;
+  state.locked = state.owner_tid != 0 || state.owner_died;
+  return state;
+}
+
+int ofd_trylock(int fd, off_t offset) noexcept {
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = offset;
+  lock.l_len = 1;
+  while (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+    if (errno == EINTR) continue;
+    return (errno == EACCES || errno == EAGAIN) ? EAGAIN : errno;
+  }
+  return 0;
+}
+
+void ofd_unlock(int fd, off_t offset) noexcept {
+  struct flock lock{};
+  lock.l_type = F_UNLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = offset;
+  lock.l_len = 1;
+  (void)fcntl(fd, F_OFD_SETLK, &lock);
+}
+
+int ofd_held(int fd, off_t offset) noexcept {
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = offset;
+  lock.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return -errno;
+  return lock.l_type == F_UNLCK ? 0 : 1;
+}
+
+mrc_status_t check_file(int fd, const char *what, uid_t uid, unsigned mode,
+                        uint64_t size) noexcept {
+  struct stat st{};
+  if (fstat(fd, &st) != 0) return fail(MRC_ERR_IO, "fstat {}: {}", what, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return fail(MRC_ERR_INVALID, "{} is not a regular file", what);
+  if (st.st_uid != uid) {
+    return fail(MRC_ERR_INVALID, "{} is owned by uid {}, expected uid {}: refused", what,
+                st.st_uid, uid);
+  }
+  const unsigned perms = static_cast<unsigned>(st.st_mode) & 07777U;
+  if ((perms & ~mode) != 0 || (perms & S_IWOTH) != 0) {
+    return fail(MRC_ERR_INVALID, "{} has mode {:04o}, more than the domain's {:04o}: refused", what,
+                perms, mode);
+  }
+  if (size != 0 && static_cast<uint64_t>(st.st_size) != size) {
+    return fail(MRC_ERR_INVALID, "{} has {} bytes, expected {}: refused", what, st.st_size, size);
+  }
+  return MRC_OK;
+}
+
+void self_comm(char (&out)[16]) noexcept {
+  out[0] = '\0';
+  const int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const ssize_t n = read(fd, out, sizeof out - 1);
+  close(fd);
+  if (n <= 0) {
+    out[0] = '\0';
+    return;
+  }
+  size_t len = static_cast<size_t>(n);
+  if (out[len - 1] == '\n') --len;
+  out[len] = '\0';
+}
+
+}  // namespace mrc::seg
