@@ -17,74 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "helpers.h"
 #include "mrcache/mrcache.h"
 
 namespace {
 
-const mrc_backend_t &Ops() { return *mrc_backend_iouring(); }
-
-std::string LastError() { return mrc_backend_last_error(); }
-
-bool Contains(const std::string &text, const std::string &part) {
-  return text.find(part) != std::string::npos;
-}
-
-struct Ctx {
-  mrc_iouring_ctx_t *ctx = nullptr;
-  explicit Ctx(unsigned slots = 0, io_uring *ring = nullptr, unsigned flags = 0) {
-    mrc_iouring_params_t p;
-    mrc_iouring_params_init(&p);
-    p.slots = slots;
-    p.ring = ring;
-    p.flags = flags;
-    const mrc_status_t s = mrc_iouring_ctx_create(&p, &ctx);
-    EXPECT_EQ(s, MRC_OK) << LastError();
-  }
-  ~Ctx() { mrc_iouring_ctx_destroy(ctx); }
-  Ctx(const Ctx &) = delete;
-  Ctx &operator=(const Ctx &) = delete;
-  Ctx(Ctx &&) = delete;
-  Ctx &operator=(Ctx &&) = delete;
-  struct Slots {
-    unsigned installed, awaiting, free;
-  };
-  Slots slots() const {
-    Slots s{};
-    mrc_iouring_ctx_slots(ctx, &s.installed, &s.awaiting, &s.free);
-    return s;
-  }
-};
-
-// An anonymous private mapping, pre-faulted.
-struct Mapping {
-  void *addr = nullptr;
-  size_t len = 0;
-  explicit Mapping(size_t bytes, int prot = PROT_READ | PROT_WRITE) : len(bytes) {
-    addr = mmap(nullptr, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    EXPECT_NE(addr, MAP_FAILED);
-  }
-  ~Mapping() {
-    if (addr != nullptr && addr != MAP_FAILED) munmap(addr, len);
-  }
-  Mapping(const Mapping &) = delete;
-  Mapping &operator=(const Mapping &) = delete;
-  Mapping(Mapping &&) = delete;
-  Mapping &operator=(Mapping &&) = delete;
-  char *bytes() const { return static_cast<char *>(addr); }
-};
-
-struct Registration {
-  void *handle = nullptr;
-  uint64_t key = 0;
-};
-
-Registration MustReg(mrc_iouring_ctx_t *ctx, void *addr, size_t len) {
-  Registration r;
-  const mrc_status_t s =
-      Ops().reg(ctx, addr, len, MRC_PROT_READ | MRC_PROT_WRITE, &r.handle, &r.key);
-  EXPECT_EQ(s, MRC_OK) << LastError();
-  return r;
-}
+using namespace mrc_test;  // NOLINT(google-build-using-namespace): test helpers
+using Ctx = IouringCtx;
 
 TEST(IouringBackend, CreateWithDefaults) {
   Ctx c;
@@ -308,50 +247,6 @@ TEST(IouringBackend, DescribeNamesSlotAndRange) {
   EXPECT_TRUE(Contains(buf, "iouring: slot 0 [")) << buf;
   EXPECT_TRUE(Contains(buf, "+8192) ring fd")) << buf;
   Ops().dereg(c.ctx, r.handle);
-}
-
-TEST(IouringBackend, ManyThreadsRegisterConcurrently) {
-  constexpr int kThreads = 4;
-  constexpr int kRounds = 3000;
-  constexpr int kLivePerThread = 6;
-  constexpr unsigned kSlots = 32;  // < kThreads * kLivePerThread * 2: slots get recycled
-  Ctx c(kSlots);
-  Mapping m(size_t{kThreads} * kLivePerThread * 4096);
-  std::vector<std::atomic<int>> owner(kSlots);
-  std::atomic<int> double_owned{0}, failures{0};
-  std::vector<std::thread> threads;
-  threads.reserve(kThreads);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::vector<Registration> live;
-      for (int round = 0; round < kRounds; ++round) {
-        if (live.size() == kLivePerThread) {
-          const Registration r = live[round % kLivePerThread];
-          live.erase(live.begin() + round % kLivePerThread);
-          owner[r.key].store(0);
-          Ops().dereg(c.ctx, r.handle);
-        }
-        Registration r;
-        char *addr = m.bytes() + (static_cast<size_t>(t) * kLivePerThread + live.size()) * 4096;
-        if (Ops().reg(c.ctx, addr, 4096, MRC_PROT_WRITE, &r.handle, &r.key) != MRC_OK) {
-          failures.fetch_add(1);
-          continue;
-        }
-        if (owner[r.key].exchange(t + 1) != 0) double_owned.fetch_add(1);
-        live.push_back(r);
-      }
-      for (const Registration &r : live) {
-        owner[r.key].store(0);
-        Ops().dereg(c.ctx, r.handle);
-      }
-    });
-  }
-  for (auto &th : threads) th.join();
-  EXPECT_EQ(double_owned.load(), 0);
-  EXPECT_EQ(failures.load(), 0) << LastError();
-  const auto s = c.slots();
-  EXPECT_EQ(s.installed, 0u);
-  EXPECT_EQ(s.awaiting + s.free, kSlots);
 }
 
 // In a child without CAP_IPC_LOCK and with a small RLIMIT_MEMLOCK, pinning more than the limit

@@ -9,23 +9,14 @@
 #include <unordered_set>
 #include <vector>
 
+#include "helpers.h"
 #include "mrcache/mrcache.h"
 
 namespace {
 
 char g_memory[4096];
 
-struct NullCtx {
-  mrc_null_ctx_t *ctx = nullptr;
-  explicit NullCtx(const mrc_null_params_t *p = nullptr) {
-    EXPECT_EQ(mrc_null_ctx_create(p, &ctx), MRC_OK) << mrc_backend_last_error();
-  }
-  ~NullCtx() { mrc_null_ctx_destroy(ctx); }
-  NullCtx(const NullCtx &) = delete;
-  NullCtx &operator=(const NullCtx &) = delete;
-  NullCtx(NullCtx &&) = delete;
-  NullCtx &operator=(NullCtx &&) = delete;
-};
+using namespace mrc_test;  // NOLINT(google-build-using-namespace): test helpers
 
 mrc_status_t Reg(void *ctx, void **handle, uint64_t *key) {
   return mrc_backend_null()->reg(ctx, g_memory, sizeof g_memory, MRC_PROT_READ, handle, key);
@@ -52,40 +43,6 @@ TEST(NullBackend, OpsTableIsComplete) {
   EXPECT_NE(ops->reg, nullptr);
   EXPECT_NE(ops->dereg, nullptr);
   EXPECT_NE(ops->describe, nullptr);
-}
-
-TEST(NullBackend, SerialsAreUniqueAndNeverReusedAcrossContextsAndThreads) {
-  constexpr int kThreads = 8;
-  constexpr int kPerThread = 5000;
-  NullCtx shared;
-  std::vector<std::vector<uint64_t>> keys(kThreads);
-  std::vector<std::thread> threads;
-  threads.reserve(kThreads);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      // Threads alternate between no context, the shared context and a context of their own.
-      NullCtx own;
-      void *ctx = t % 3 == 0 ? nullptr : t % 3 == 1 ? static_cast<void *>(shared.ctx) : own.ctx;
-      for (int i = 0; i < kPerThread; ++i) {
-        void *h = nullptr;
-        uint64_t key = 0;
-        ASSERT_EQ(Reg(ctx, &h, &key), MRC_OK);
-        keys[t].push_back(key);
-        // Deregistering at once must not make the serial available again.
-        mrc_backend_null()->dereg(ctx, h);
-      }
-    });
-  }
-  for (auto &th : threads) th.join();
-  std::unordered_set<uint64_t> all;
-  for (const auto &per_thread : keys) {
-    ASSERT_TRUE(std::is_sorted(per_thread.begin(), per_thread.end()));
-    for (uint64_t k : per_thread) {
-      EXPECT_NE(k, 0u);
-      EXPECT_TRUE(all.insert(k).second) << "serial " << k << " handed out twice";
-    }
-  }
-  EXPECT_EQ(all.size(), static_cast<size_t>(kThreads * kPerThread));
 }
 
 TEST(NullBackend, SerialIsNotReusedAfterDeregistration) {
