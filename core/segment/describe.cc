@@ -93,7 +93,7 @@ bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) 
   const int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) return false;
   void *page = MAP_FAILED;
-  if (check_file(fd, name, d->uid, d->mode, e.map_size) == MRC_OK) {
+  if (check_file(fd, name, d->uid, d->gid, d->mode, e.map_size) == MRC_OK) {
     page = mmap(nullptr, kSegHeaderSize, PROT_READ, MAP_SHARED, fd, 0);
   }
   close(fd);
@@ -135,8 +135,8 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                    root.va_pages, pages_used, root.uid, root.gid, root.mode, root.domain_id,
                    root.created_ns, root.next_generation, root.repairs, root.clients_reaped,
                    root.segments_reaped, root.state == kDomainLive ? "live" : "dead");
-    fmt::format_to(o, "\"lock\":{{\"locked\":{},\"owner_tid\":{},\"owner_died\":{}}},",
-                   lock.locked, lock.owner_tid, lock.owner_died);
+    fmt::format_to(o, "\"lock\":{{\"locked\":{},\"owner_tid\":{},\"owner_died\":{}}},", lock.locked,
+                   lock.owner_tid, lock.owner_died);
     fmt::format_to(o, "\"clients\":[");
     bool first = true;
     for (unsigned s = 0; s < kMaxClients; ++s) {
@@ -149,7 +149,8 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
       fmt::format_to(o, "{}{{\"slot\":{},\"pid\":{},\"uid\":{},\"comm\":", first ? "" : ",", s,
                      c.pid, c.uid);
       json_string(out, c.comm, sizeof c.comm);
-      fmt::format_to(o, ",\"alive\":{},\"self\":{},\"serial\":{},\"attach_time_ns\":{},"
+      fmt::format_to(o,
+                     ",\"alive\":{},\"self\":{},\"serial\":{},\"attach_time_ns\":{},"
                      "\"segments\":{}}}",
                      alive(s) == 1, static_cast<int>(s) == d->slot, c.serial, c.attach_time_ns,
                      segs);
@@ -234,8 +235,8 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
   }
   fmt::format_to(o, "  segments: {}\n", nsegments);
   if (nsegments != 0) {
-    fmt::format_to(o, "    {:<24} {:<16} {:>12} {:>6} {:>8}  {}\n", "name", "base", "size",
-                   "pages", "clients", "flags");
+    fmt::format_to(o, "    {:<24} {:<16} {:>12} {:>6} {:>8}  {}\n", "name", "base", "size", "pages",
+                   "clients", "flags");
   }
   for (const SegEntry &e : root.segments) {
     if (e.state == kEntryFree) continue;
@@ -278,8 +279,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
 }  // namespace
 }  // namespace mrc::seg
 
-extern "C" int mrc_seg_domain_describe(mrc_seg_domain_t *d, unsigned flags, char *buf,
-                                       size_t len) {
+extern "C" int mrc_seg_domain_describe(mrc_seg_domain_t *d, unsigned flags, char *buf, size_t len) {
   using namespace mrc::seg;
   clear_error();
   if ((flags & ~static_cast<unsigned>(MRC_SEG_DESCRIBE_VERBOSE | MRC_SEG_DESCRIBE_JSON)) != 0 ||

@@ -99,8 +99,8 @@ mrc_status_t resolve(const mrc_seg_domain_params_t *p, Resolved *r) {
   r->want_base = p->base;
   if (p->base != 0) {
     if (p->base % kVaPageSize != 0 || p->base >= kUserTop || r->want_size > kUserTop - p->base) {
-      return fail(MRC_ERR_INVALID, "window base {:#x}: 2 MiB aligned, window below {:#x}",
-                  p->base, kUserTop);
+      return fail(MRC_ERR_INVALID, "window base {:#x}: 2 MiB aligned, window below {:#x}", p->base,
+                  kUserTop);
     }
     r->accept_lo = p->base;
     r->accept_hi = p->base + r->want_size;
@@ -157,9 +157,10 @@ void forget_forked_locked() {
 bool same_file(int fd, const char *name) {
   const int other = shm_open(name, O_RDONLY, 0);
   if (other < 0) return false;
-  struct stat a{}, b{};
-  const bool same = fstat(fd, &a) == 0 && fstat(other, &b) == 0 && a.st_dev == b.st_dev &&
-                    a.st_ino == b.st_ino;
+  struct stat a {
+  }, b{};
+  const bool same =
+      fstat(fd, &a) == 0 && fstat(other, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
   close(other);
   return same;
 }
@@ -192,11 +193,11 @@ void unlink_segment_file(mrc_seg_domain *d, const SegEntry &e) {
   segment_shm_name(d->prefix, e.generation, e.name, name);
   const int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) return;  // never created, or already gone
-  struct stat st{};
-  if (fstat(fd, &st) == 0 && st.st_uid == d->uid) {
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && owned_by_domain(st.st_uid, st.st_gid, d->uid, d->gid, d->mode)) {
     if (shm_unlink(name) == 0) d->files_unlinked++;
   } else {
-    set_error("{} is not owned by uid {}: left alone", name, d->uid);
+    set_error("{} does not belong to the domain: left alone", name);
   }
   close(fd);
 }
@@ -333,9 +334,9 @@ void repair_locked(mrc_seg_domain *d) {
   for (unsigned i = 0; i < kMaxSegments; ++i) {
     SegEntry &e = root->segments[i];
     if (e.state == kEntryFree) continue;
-    const bool in_window =
-        e.va_pages != 0 && e.va_pages <= root->va_pages &&
-        e.va_offset % kVaPageSize == 0 && e.va_offset / kVaPageSize <= root->va_pages - e.va_pages;
+    const bool in_window = e.va_pages != 0 && e.va_pages <= root->va_pages &&
+                           e.va_offset % kVaPageSize == 0 &&
+                           e.va_offset / kVaPageSize <= root->va_pages - e.va_pages;
     if (e.state != kEntryReady || !in_window) {
       teardown_entry_locked(d, i);  // creating: roll back; deleting: roll forward
       continue;
@@ -394,7 +395,7 @@ void remove_orphans_locked(mrc_seg_domain *d) {
 // name still names it. true when removed.
 bool remove_stale_root(int fd, const Resolved &r, const RootHeader *root) {
   if (ofd_trylock(fd, kCreatorLockOffset) != 0) return false;
-  struct stat st{};
+  struct stat st {};
   bool stale = false;
   if (fstat(fd, &st) == 0) {
     if (st.st_size == 0) {
@@ -430,8 +431,7 @@ void init_root(RootHeader *root, const Resolved &r, uint64_t base, uint64_t size
 }
 
 // We created the file (O_EXCL). *retry: a remover took it for a stale root; start over.
-mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, int fd,
-                         bool *retry) {
+mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, int fd, bool *retry) {
   if (ofd_trylock(fd, kCreatorLockOffset) != 0 || !same_file(fd, r.root_name)) {
     close(fd);
     *retry = true;
@@ -446,12 +446,9 @@ mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, in
     st = fail(MRC_ERR_NOT_FOUND, "no domain under prefix {}", r.prefix);
     goto undo;
   }
-  if ((r.uid != geteuid() || r.gid != getegid()) && fchown(fd, r.uid, r.gid) != 0) {
-    st = fail(MRC_ERR_INVALID, "cannot give the root file to uid {} gid {}: {}", r.uid, r.gid,
-              std::strerror(errno));
-    goto undo;
-  }
-  if (fchmod(fd, r.mode) != 0 || ftruncate(fd, static_cast<off_t>(kRootSize)) != 0) {
+  st = give_to_domain(fd, "the root file", r.uid, r.gid, r.mode);
+  if (st != MRC_OK) goto undo;
+  if (ftruncate(fd, static_cast<off_t>(kRootSize)) != 0) {
     st = fail(MRC_ERR_IO, "sizing the root file: {}", std::strerror(errno));
     goto undo;
   }
@@ -514,9 +511,9 @@ mrc_status_t validate_root(const RootHeader *root, const Resolved &r) {
                 "/dev/shm{}: bad magic {:#x} or layout {}: not an mrcache domain root, refused",
                 r.root_name, root->magic, root->layout_version);
   }
-  if (root->va_page_shift != kVaPageShift || root->root_size != kRootSize ||
-      root->va_pages == 0 || root->va_pages > kMaxVaPages ||
-      root->size != uint64_t{root->va_pages} << kVaPageShift || root->base % kVaPageSize != 0 ||
+  if (root->va_page_shift != kVaPageShift || root->root_size != kRootSize || root->va_pages == 0 ||
+      root->va_pages > kMaxVaPages || root->size != uint64_t{root->va_pages} << kVaPageShift ||
+      root->base % kVaPageSize != 0 ||
       std::strncmp(root->prefix, r.prefix, sizeof root->prefix) != 0) {
     return fail(MRC_ERR_INVALID, "/dev/shm{}: inconsistent header, refused", r.root_name);
   }
@@ -545,13 +542,13 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
   char what[200];
   auto res = fmt::format_to_n(what, sizeof what - 1, "/dev/shm{}", r.root_name);
   *res.out = '\0';
-  mrc_status_t st = check_file(fd, what, r.uid, r.mode, 0);
+  mrc_status_t st = check_file(fd, what, r.uid, r.gid, r.mode, 0);
   if (st != MRC_OK) {
     close(fd);
     return st;
   }
   for (;;) {
-    struct stat sb{};
+    struct stat sb {};
     if (fstat(fd, &sb) != 0) {
       close(fd);
       return fail(MRC_ERR_IO, "fstat {}: {}", what, std::strerror(errno));
@@ -709,8 +706,7 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
     }
     if (st != MRC_OK || !retry) break;
     if (monotonic_ns() > deadline) {
-      st = fail(MRC_ERR_BUSY, "domain {} kept being torn down for {} ms", r.prefix,
-                r.timeout_ms);
+      st = fail(MRC_ERR_BUSY, "domain {} kept being torn down for {} ms", r.prefix, r.timeout_ms);
       break;
     }
     sleep_ns(kPollNs);
@@ -744,10 +740,9 @@ mrc_status_t close_domain_locked(mrc_seg_domain *d, unsigned *unlinked) {
         if (live_clients_locked(d) == 0) teardown_domain_locked(d);
       }
       unlock_domain(d);
-    } else if (!d->observer) {
-      // The lock stays out of reach (a live holder hung): our presence lock goes away with our
-      // descriptor, so the next scan releases our slot.
     }
+    // Without the lock (a live holder hung), our presence lock still goes away with our
+    // descriptor below, so the next scan releases our slot.
   }
   if (d->size != 0) munmap(reinterpret_cast<void *>(d->base), d->size);
   if (d->root != nullptr) munmap(d->root, kRootSize);
@@ -893,8 +888,10 @@ mrc_status_t validate_params(const mrc_seg_params_t *p) {
   if ((p->flags & MRC_SEG_FILE) != 0) {
     if (p->backing_file == nullptr || p->backing_file[0] != '/' ||
         std::strlen(p->backing_file) > kPathMax) {
-      return fail(MRC_ERR_INVALID, "MRC_SEG_FILE needs an absolute backing_file of at most {} "
-                  "characters", kPathMax);
+      return fail(MRC_ERR_INVALID,
+                  "MRC_SEG_FILE needs an absolute backing_file of at most {} "
+                  "characters",
+                  kPathMax);
     }
   }
   if (p->numa_node < -1) return fail(MRC_ERR_INVALID, "numa_node: -1 or a node");
@@ -906,8 +903,8 @@ mrc_status_t validate_params(const mrc_seg_params_t *p) {
 
 // The backing file of a MRC_SEG_FILE segment: created 0600/mode with O_EXCL, or opened and
 // checked. *hugepage: its page size when it lives on hugetlbfs, else 0.
-mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_inout,
-                          bool creating, int *fd_out, uint64_t *hugepage) {
+mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_inout, bool creating,
+                          int *fd_out, uint64_t *hugepage) {
   *hugepage = 0;
   int fd = -1;
   bool created = false;
@@ -919,26 +916,25 @@ mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_in
     fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   }
   if (fd < 0) return fail(MRC_ERR_IO, "backing file {}: {}", path, std::strerror(errno));
-  struct statfs fs{};
+  struct statfs fs {};
   if (fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC) {
     *hugepage = static_cast<uint64_t>(fs.f_bsize);
   }
   if (created) {
-    if ((d->uid != geteuid() || d->gid != getegid()) && fchown(fd, d->uid, d->gid) != 0) {
+    const mrc_status_t given = give_to_domain(fd, path, d->uid, d->gid, d->mode);
+    if (given != MRC_OK) {
       close(fd);
-      return fail(MRC_ERR_INVALID, "cannot give {} to uid {}: {}", path, d->uid,
-                  std::strerror(errno));
+      return given;
     }
-    (void)fchmod(fd, d->mode);
   }
-  mrc_status_t st = check_file(fd, path, d->uid, d->mode, 0);
+  mrc_status_t st = check_file(fd, path, d->uid, d->gid, d->mode, 0);
   if (st != MRC_OK) {
     close(fd);
     return st;
   }
   const uint64_t page = *hugepage != 0 ? *hugepage : kPage;
   const uint64_t want = round_up(*size_inout, page);
-  struct stat sb{};
+  struct stat sb {};
   fstat(fd, &sb);
   if (created || (creating && static_cast<uint64_t>(sb.st_size) < want && sb.st_size == 0)) {
     if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
@@ -947,8 +943,8 @@ mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_in
     }
   } else if (static_cast<uint64_t>(sb.st_size) < want) {
     close(fd);
-    return fail(MRC_ERR_INVALID, "{} has {} bytes, the segment needs {}: refused", path,
-                sb.st_size, want);
+    return fail(MRC_ERR_INVALID, "{} has {} bytes, the segment needs {}: refused", path, sb.st_size,
+                want);
   }
   *size_inout = want;
   *fd_out = fd;
@@ -970,8 +966,8 @@ mrc_status_t validate_segment(const mrc_seg_domain *d, const SegEntry &e, const 
   const auto base = reinterpret_cast<uint64_t>(start);
   if (h->magic != kSegMagic || h->layout_version != kLayoutVersion ||
       h->domain_id != d->domain_id || h->generation != e.generation || h->base != base ||
-      h->map_size != e.map_size || h->data_offset != e.data_offset ||
-      h->data_size != e.data_size || std::strncmp(h->name, e.name, sizeof h->name) != 0) {
+      h->map_size != e.map_size || h->data_offset != e.data_offset || h->data_size != e.data_size ||
+      std::strncmp(h->name, e.name, sizeof h->name) != 0) {
     return fail(MRC_ERR_INVALID,
                 "segment {}: its header does not match its directory entry: refused", e.name);
   }
@@ -994,27 +990,27 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, Mapping *
   char what[200];
   auto res = fmt::format_to_n(what, sizeof what - 1, "/dev/shm{}", name);
   *res.out = '\0';
-  mrc_status_t st = check_file(fd, what, d->uid, d->mode, e.map_size);
-  if (st == MRC_OK && mmap(start, e.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-                           0) != start) {
+  mrc_status_t st = check_file(fd, what, d->uid, d->gid, d->mode, e.map_size);
+  if (st == MRC_OK &&
+      mmap(start, e.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != start) {
     st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, std::strerror(errno));
   }
   close(fd);
   if (st != MRC_OK) return st;
   if ((e.flags & MRC_SEG_FILE) != 0) {
     const int bfd = open(e.backing_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    struct stat sb{};
+    struct stat sb {};
     if (bfd < 0 || fstat(bfd, &sb) != 0 || sb.st_dev != e.backing_dev ||
         sb.st_ino != e.backing_ino) {
       st = fail(MRC_ERR_INVALID, "backing file {} is not the file the segment was created on",
                 e.backing_path);
     } else {
-      st = check_file(bfd, e.backing_path, d->uid, d->mode, 0);
+      st = check_file(bfd, e.backing_path, d->uid, d->gid, d->mode, 0);
       if (st == MRC_OK && static_cast<uint64_t>(sb.st_size) < e.data_size) {
         st = fail(MRC_ERR_INVALID, "backing file {} shrank: refused", e.backing_path);
       }
-      if (st == MRC_OK && mmap(m->data, e.data_size, PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_FIXED, bfd, 0) != m->data) {
+      if (st == MRC_OK && mmap(m->data, e.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                               bfd, 0) != m->data) {
         st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", e.backing_path, std::strerror(errno));
       }
     }
@@ -1060,8 +1056,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping
   lay.va_pages = round_up(lay.data_offset + lay.data_size, kVaPageSize) / kVaPageSize;
   if ((p->flags & MRC_SEG_HEAP) != 0 && lay.data_size > SharedHeap::kMaxHeapSize) {
     if (backing_fd >= 0) close(backing_fd);
-    return fail(MRC_ERR_INVALID, "a heap segment holds at most {} bytes",
-                SharedHeap::kMaxHeapSize);
+    return fail(MRC_ERR_INVALID, "a heap segment holds at most {} bytes", SharedHeap::kMaxHeapSize);
   }
 
   unsigned index = kMaxSegments;
@@ -1095,7 +1090,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping
   e.created_ns = realtime_ns();
   std::strcpy(e.name, p->name);  // NOLINT: bounded by valid_name
   if (backing_fd >= 0) {
-    struct stat sb{};
+    struct stat sb {};
     fstat(backing_fd, &sb);
     e.backing_dev = sb.st_dev;
     e.backing_ino = sb.st_ino;
@@ -1120,14 +1115,11 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping
     if (fd < 0) {
       st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, std::strerror(errno));
     } else {
-      if ((d->uid != geteuid() || d->gid != getegid()) && fchown(fd, d->uid, d->gid) != 0) {
-        st = fail(MRC_ERR_INVALID, "cannot give /dev/shm{} to uid {}: {}", name, d->uid,
-                  std::strerror(errno));
-      } else if (fchmod(fd, d->mode) != 0 ||
-                 ftruncate(fd, static_cast<off_t>(lay.map_size)) != 0) {
+      st = give_to_domain(fd, name, d->uid, d->gid, d->mode);
+      if (st == MRC_OK && ftruncate(fd, static_cast<off_t>(lay.map_size)) != 0) {
         st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, std::strerror(errno));
-      } else if (mmap(start, lay.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-                      0) != start) {
+      } else if (st == MRC_OK && mmap(start, lay.map_size, PROT_READ | PROT_WRITE,
+                                      MAP_SHARED | MAP_FIXED, fd, 0) != start) {
         st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, std::strerror(errno));
       }
       close(fd);
@@ -1224,8 +1216,8 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
       st = fail(MRC_ERR_INVALID, "segment {} exists with flags {:#x}, asked {:#x}", p->name,
                 e.flags, p->flags & kinds);
     } else if (p->size > e.data_size) {
-      st = fail(MRC_ERR_INVALID, "segment {} exists with {} bytes, asked {}", p->name,
-                e.data_size, p->size);
+      st = fail(MRC_ERR_INVALID, "segment {} exists with {} bytes, asked {}", p->name, e.data_size,
+                p->size);
     } else {
       for (Mapping *x = d->maps; x != nullptr; x = x->next) {
         if (x->entry == static_cast<uint32_t>(found) && x->generation == e.generation) result = x;
@@ -1330,8 +1322,7 @@ mrc_status_t mrc_seg_domain_open(const mrc_seg_domain_params_t *params, mrc_seg_
   return mrc::seg::open_domain(params, false, out);
 }
 
-mrc_status_t mrc_seg_domain_inspect(const mrc_seg_domain_params_t *params,
-                                    mrc_seg_domain_t **out) {
+mrc_status_t mrc_seg_domain_inspect(const mrc_seg_domain_params_t *params, mrc_seg_domain_t **out) {
   return mrc::seg::open_domain(params, true, out);
 }
 
@@ -1431,7 +1422,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
       if (fd < 0) {
         st = fail(MRC_ERR_IO, "segment {}: /dev/shm{} is missing", e.name, name);
       } else {
-        st = check_file(fd, name, d->uid, d->mode, e.map_size);
+        st = check_file(fd, name, d->uid, d->gid, d->mode, e.map_size);
         close(fd);
       }
     }
@@ -1507,7 +1498,7 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
     segment_shm_name(d->prefix, t.generation, t.name, name);
     const int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) continue;  // removed meanwhile
-    st = check_file(fd, name, d->uid, d->mode, t.map_size);
+    st = check_file(fd, name, d->uid, d->gid, d->mode, t.map_size);
     void *hdr = MAP_FAILED;
     void *data = MAP_FAILED;
     if (st == MRC_OK) hdr = mmap(nullptr, t.map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -1598,8 +1589,8 @@ mrc_status_t mrc_seg_domain_remove(const mrc_seg_domain_params_t *params, unsign
   if (st != MRC_OK) return st;
   if (close_st != MRC_OK) return close_st;
   if (live_others > 0 || open_here) {
-    return fail(MRC_ERR_BUSY, "{} live processes still use domain {}", live_others + (open_here ? 1 : 0),
-                prefix);
+    return fail(MRC_ERR_BUSY, "{} live processes still use domain {}",
+                live_others + (open_here ? 1 : 0), prefix);
   }
   return MRC_OK;
 }

@@ -30,14 +30,14 @@ namespace mrc::seg {
 // One segment as this process maps it; shared by every handle of this process on it.
 struct Mapping {
   Mapping *next = nullptr;
-  int refs = 0;             // handles (guarded by the domain's mu; 1 for memfd segments)
-  uint32_t entry = 0;       // directory index (named segments)
+  int refs = 0;        // handles (guarded by the domain's mu; 1 for memfd segments)
+  uint32_t entry = 0;  // directory index (named segments)
   uint64_t generation = 0;
   char name[kNameMax + 1] = {};
-  char *start = nullptr;    // what the segment owns: [start, start + va_len)
+  char *start = nullptr;  // what the segment owns: [start, start + va_len)
   size_t va_len = 0;
-  size_t map_size = 0;      // bytes mapped from the /dev/shm file or the memfd
-  char *data = nullptr;     // the usable bytes
+  size_t map_size = 0;   // bytes mapped from the /dev/shm file or the memfd
+  char *data = nullptr;  // the usable bytes
   size_t data_size = 0;
   unsigned flags = 0;
   int numa_node = -1;
@@ -58,7 +58,7 @@ struct mrc_seg_domain {
   bool forked = false;  // a fork() child's copy: unusable there
   int fd = -1;          // the root file (its OFD carries our presence lock)
   mrc::seg::RootHeader *root = nullptr;
-  uintptr_t base = 0;   // the window, reserved in this process unless observer
+  uintptr_t base = 0;  // the window, reserved in this process unless observer
   size_t size = 0;
   int slot = -1;
   uint64_t domain_id = 0;
@@ -77,8 +77,8 @@ struct mrc_seg {
   mrc::seg::Mapping *map = nullptr;
   bool created = false;
   pthread_mutex_t registration_mu = PTHREAD_MUTEX_INITIALIZER;
-  mrc_cache_t *cache = nullptr;     // set by mrc_seg_register (register.cc)
-  mrc_region_t *region = nullptr;   // the segment's own reference
+  mrc_cache_t *cache = nullptr;    // set by mrc_seg_register (register.cc)
+  mrc_region_t *region = nullptr;  // the segment's own reference
   uint64_t key = 0;
   void (*release_registration)(mrc_seg *) = nullptr;  // register.cc's mrc_put, when registered
 };

@@ -133,8 +133,7 @@ mrc_status_t SharedHeap::lock(bool *repaired) noexcept {
       const MutexState s = mutex_state(&header_->lock);
       return fail(MRC_ERR_BUSY, "heap lock held for 10 s by live thread {}", s.owner_tid);
     }
-    case LockResult::kUnrecoverable:
-      return fail(MRC_ERR_IO, "heap lock is not recoverable");
+    case LockResult::kUnrecoverable: return fail(MRC_ERR_IO, "heap lock is not recoverable");
     case LockResult::kError: break;
   }
   return fail(MRC_ERR_IO, "heap lock failed");
@@ -147,7 +146,7 @@ void SharedHeap::repair_locked() noexcept {
   const uint64_t heap_size = header_->heap_size;
   header_->free_head = kNil;
   uint64_t used_blocks = 0, free_blocks = 0, bytes_used = 0;
-  uint64_t prev = kNil, prev_size = 0;
+  uint64_t prev = kNil, prev_size = 0, tail = kNil;
   bool prev_free = false;
   uint64_t off = 0;
   header_->repairs++;
@@ -172,8 +171,16 @@ void SharedHeap::repair_locked() noexcept {
       bytes_used += size;
       v.block(off)->check = View::check_for(off);
     } else {
+      // Appended, so that the list is in address order (first fit prefers low addresses).
       ++free_blocks;
-      v.push(off);
+      v.links(off)->next = kNil;
+      v.links(off)->prev = tail;
+      if (tail == kNil) {
+        header_->free_head = off;
+      } else {
+        v.links(tail)->next = off;
+      }
+      tail = off;
     }
     prev = off;
     prev_size = size;
@@ -281,8 +288,9 @@ bool SharedHeap::free(void *ptr) noexcept {
   View v(header_, data_);
   const uint64_t w = v.word(off);
   uint64_t size = w & ~(kGrain - 1);
-  if (header_->state != kHeapOk || (w & kUsed) == 0 || v.block(off)->check != View::check_for(off) ||
-      size < kMinBlock || size > header_->heap_size - off) {
+  if (header_->state != kHeapOk || (w & kUsed) == 0 ||
+      v.block(off)->check != View::check_for(off) || size < kMinBlock ||
+      size > header_->heap_size - off) {
     unlock();
     set_error("free: {} is not a live block (double free?)", ptr);
     return false;
@@ -384,9 +392,11 @@ mrc_status_t SharedHeap::verify_locked(mrc_seg_heap_stats_t *stats) noexcept {
   if (status == MRC_OK &&
       (used_blocks != header_->used_blocks || free_blocks != header_->free_blocks ||
        bytes_used != header_->bytes_used)) {
-    status = fail(MRC_ERR_IO, "heap: counters ({} used, {} free, {} bytes) differ from the walk "
-                  "({}, {}, {})", header_->used_blocks, header_->free_blocks, header_->bytes_used,
-                  used_blocks, free_blocks, bytes_used);
+    status = fail(MRC_ERR_IO,
+                  "heap: counters ({} used, {} free, {} bytes) differ from the walk "
+                  "({}, {}, {})",
+                  header_->used_blocks, header_->free_blocks, header_->bytes_used, used_blocks,
+                  free_blocks, bytes_used);
   }
   delete[] is_free;
   if (stats != nullptr) {

@@ -47,12 +47,12 @@ inline constexpr uint32_t kReadyWord = 0x59445259;  // "YRDY": the root is initi
 
 inline constexpr unsigned kMaxClients = 512;
 inline constexpr unsigned kMaxSegments = 256;
-inline constexpr size_t kNameMax = 63;  // segment names and prefixes
-inline constexpr size_t kPathMax = 255; // backing files
+inline constexpr size_t kNameMax = 63;        // segment names and prefixes
+inline constexpr size_t kPathMax = 255;       // backing files
 inline constexpr unsigned kVaPageShift = 21;  // the window's page bitmap works in 2 MiB pages
 inline constexpr uint64_t kVaPageSize = uint64_t{1} << kVaPageShift;
 inline constexpr uint64_t kMaxVaPages = uint64_t{1} << 18;  // a window of at most 512 GiB
-inline constexpr size_t kSegHeaderSize = 4096;               // the header page of a segment
+inline constexpr size_t kSegHeaderSize = 4096;              // the header page of a segment
 
 // Byte offsets of the OFD locks in the root file (beyond its end: locks need no data there).
 inline constexpr off_t kCreatorLockOffset = off_t{1} << 30;
@@ -67,7 +67,7 @@ struct ClientSlot {
   int32_t pid;     // for display only: liveness is the presence lock
   uint32_t uid;
   uint32_t reserved;
-  uint64_t serial;  // domain-wide attach counter, for display
+  uint64_t serial;          // domain-wide attach counter, for display
   uint64_t attach_time_ns;  // CLOCK_REALTIME
   char comm[16];
   uint8_t pad[16];
@@ -75,8 +75,8 @@ struct ClientSlot {
 static_assert(sizeof(ClientSlot) == 64);
 
 struct SegEntry {
-  uint32_t state;  // kEntry*
-  uint32_t flags;  // MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE
+  uint32_t state;       // kEntry*
+  uint32_t flags;       // MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE
   uint64_t generation;  // names the file; never reused within the domain
   uint64_t va_offset;   // from the window base, a multiple of kVaPageSize
   uint64_t va_pages;
@@ -145,10 +145,10 @@ struct SegHeader {
   uint64_t magic;
   uint32_t layout_version;
   uint32_t flags;
-  uint64_t domain_id;   // 0 for memfd segments
+  uint64_t domain_id;  // 0 for memfd segments
   uint64_t generation;
-  uint64_t base;        // the address the segment is mapped at in every process
-  uint64_t map_size;    // bytes mapped
+  uint64_t base;      // the address the segment is mapped at in every process
+  uint64_t map_size;  // bytes mapped
   uint64_t data_offset;
   uint64_t data_size;
   char name[kNameMax + 1];

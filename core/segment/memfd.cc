@@ -41,8 +41,8 @@ inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Maps `len` bytes of fd at a kAlign-aligned address the kernel chose.
 char *map_aligned(int fd, uint64_t len) {
-  void *area = mmap(nullptr, len + kAlign, PROT_NONE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void *area =
+      mmap(nullptr, len + kAlign, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (area == MAP_FAILED) return nullptr;
   const auto raw = reinterpret_cast<uint64_t>(area);
   const uint64_t start = round_up(raw, kAlign);
@@ -109,7 +109,7 @@ mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
   }
   uint64_t page = 4096;
   if (huge) {
-    struct statfs fs{};
+    struct statfs fs {};
     if (fstatfs(fd, &fs) == 0 && fs.f_bsize > 0) page = static_cast<uint64_t>(fs.f_bsize);
   }
   const uint64_t header = page > kSegHeaderSize ? page : kSegHeaderSize;
@@ -242,18 +242,19 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   if (seals < 0 || (static_cast<unsigned>(seals) & kRequiredSeals) != kRequiredSeals) {
     return reject(fail(MRC_ERR_INVALID, "received descriptor is not a sealed memfd: refused"));
   }
-  struct stat sb{};
+  struct stat sb {};
   if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != msg.map_size ||
       msg.base % kAlign != 0 || msg.map_size == 0 || msg.base >= (uint64_t{1} << 47) ||
       msg.map_size > (uint64_t{1} << 47) - msg.base) {
     return reject(fail(MRC_ERR_INVALID, "memfd size or address does not match the message"));
   }
   // Read the header through a private view first, then map for real at the sender's address.
-  struct statfs fs{};
-  const uint64_t page = fstatfs(fd, &fs) == 0 && fs.f_bsize > 0 ? static_cast<uint64_t>(fs.f_bsize)
-                                                                 : 4096;
+  struct statfs fs {};
+  const uint64_t page =
+      fstatfs(fd, &fs) == 0 && fs.f_bsize > 0 ? static_cast<uint64_t>(fs.f_bsize) : 4096;
   void *peek = mmap(nullptr, page, PROT_READ, MAP_SHARED, fd, 0);
-  if (peek == MAP_FAILED) return reject(fail(MRC_ERR_IO, "mapping the header: {}", std::strerror(errno)));
+  if (peek == MAP_FAILED)
+    return reject(fail(MRC_ERR_IO, "mapping the header: {}", std::strerror(errno)));
   SegHeader h;
   std::memcpy(&h, peek, sizeof h);
   munmap(peek, page);
@@ -265,8 +266,8 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
     return reject(fail(MRC_ERR_INVALID, "memfd segment header is not sane: refused"));
   }
   void *want = reinterpret_cast<void *>(msg.base);
-  void *got = mmap(want, msg.map_size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+  void *got =
+      mmap(want, msg.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
   if (got == MAP_FAILED || got != want) {
     const int err = errno;
     if (got != MAP_FAILED) munmap(got, msg.map_size);

@@ -33,8 +33,8 @@ void mrc_seg_params_init(mrc_seg_params_t *params) {
   params->numa_node = -1;
 }
 
-mrc_status_t mrc_seg_open(mrc_seg_domain_t *domain, const char *name, size_t size,
-                          unsigned flags, mrc_seg_t **out) {
+mrc_status_t mrc_seg_open(mrc_seg_domain_t *domain, const char *name, size_t size, unsigned flags,
+                          mrc_seg_t **out) {
   mrc_seg_params_t params;
   mrc_seg_params_init(&params);
   params.name = name;
@@ -102,7 +102,8 @@ mrc_status_t mrc_seg_info(const mrc_seg_t *seg, mrc_seg_info_t *info) {
     if (st != MRC_OK) return st;
     const SegEntry &e = d->root->segments[m->entry];
     if (e.state == kEntryReady && e.generation == m->generation) {
-      for (uint64_t word : e.clients) info->clients += static_cast<unsigned>(__builtin_popcountll(word));
+      for (uint64_t word : e.clients)
+        info->clients += static_cast<unsigned>(__builtin_popcountll(word));
     }
     unlock_domain(d);
   }

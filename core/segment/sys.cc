@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <string>
 
 #include "core/segment/layout.h"
 
@@ -111,8 +112,7 @@ MutexState mutex_state(const pthread_mutex_t *mutex) noexcept {
   // FUTEX_OWNER_DIED (0x40000000) set by the kernel when the owner exits holding it.
   constexpr unsigned kOwnerDied = 0x40000000U;
   constexpr unsigned kTidMask = 0x3fffffffU;
-  const auto word = static_cast<unsigned>(
-      __atomic_load_n(&mutex->__data.__lock, __ATOMIC_RELAXED));
+  const auto word = static_cast<unsigned>(__atomic_load_n(&mutex->__data.__lock, __ATOMIC_RELAXED));
   MutexState state{};
   state.owner_tid = static_cast<int>(word & kTidMask);
   state.owner_died = (word & kOwnerDied) != 0;
@@ -121,7 +121,7 @@ MutexState mutex_state(const pthread_mutex_t *mutex) noexcept {
 }
 
 int ofd_trylock(int fd, off_t offset) noexcept {
-  struct flock lock{};
+  struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   lock.l_start = offset;
@@ -134,7 +134,7 @@ int ofd_trylock(int fd, off_t offset) noexcept {
 }
 
 void ofd_unlock(int fd, off_t offset) noexcept {
-  struct flock lock{};
+  struct flock lock {};
   lock.l_type = F_UNLCK;
   lock.l_whence = SEEK_SET;
   lock.l_start = offset;
@@ -143,7 +143,7 @@ void ofd_unlock(int fd, off_t offset) noexcept {
 }
 
 int ofd_held(int fd, off_t offset) noexcept {
-  struct flock lock{};
+  struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   lock.l_start = offset;
@@ -152,14 +152,19 @@ int ofd_held(int fd, off_t offset) noexcept {
   return lock.l_type == F_UNLCK ? 0 : 1;
 }
 
-mrc_status_t check_file(int fd, const char *what, uid_t uid, unsigned mode,
+bool owned_by_domain(uid_t file_uid, gid_t file_gid, uid_t uid, gid_t gid, unsigned mode) noexcept {
+  return file_uid == uid || ((mode & 0060U) != 0 && file_gid == gid);
+}
+
+mrc_status_t check_file(int fd, const char *what, uid_t uid, gid_t gid, unsigned mode,
                         uint64_t size) noexcept {
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0) return fail(MRC_ERR_IO, "fstat {}: {}", what, std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return fail(MRC_ERR_INVALID, "{} is not a regular file", what);
-  if (st.st_uid != uid) {
-    return fail(MRC_ERR_INVALID, "{} is owned by uid {}, expected uid {}: refused", what,
-                st.st_uid, uid);
+  if (!owned_by_domain(st.st_uid, st.st_gid, uid, gid, mode)) {
+    return fail(MRC_ERR_INVALID, "{} is owned by uid {} gid {}, expected uid {}{}: refused", what,
+                st.st_uid, st.st_gid, uid,
+                (mode & 0060U) != 0 ? fmt::format(" or gid {}", gid) : std::string());
   }
   const unsigned perms = static_cast<unsigned>(st.st_mode) & 07777U;
   if ((perms & ~mode) != 0 || (perms & S_IWOTH) != 0) {
@@ -168,6 +173,27 @@ mrc_status_t check_file(int fd, const char *what, uid_t uid, unsigned mode,
   }
   if (size != 0 && static_cast<uint64_t>(st.st_size) != size) {
     return fail(MRC_ERR_INVALID, "{} has {} bytes, expected {}: refused", what, st.st_size, size);
+  }
+  return MRC_OK;
+}
+
+mrc_status_t give_to_domain(int fd, const char *what, uid_t uid, gid_t gid,
+                            unsigned mode) noexcept {
+  const uid_t new_uid = geteuid() == 0 && uid != geteuid() ? uid : static_cast<uid_t>(-1);
+  const gid_t new_gid = gid != getegid() ? gid : static_cast<gid_t>(-1);
+  if ((new_uid != static_cast<uid_t>(-1) || new_gid != static_cast<gid_t>(-1)) &&
+      fchown(fd, new_uid, new_gid) != 0) {
+    return fail(MRC_ERR_INVALID, "cannot give {} to uid {} gid {}: {}", what, uid, gid,
+                std::strerror(errno));
+  }
+  // shm_open and open applied the umask; set the domain's mode exactly (never wider).
+  if (fchmod(fd, mode) != 0) {
+    return fail(MRC_ERR_IO, "chmod {}: {}", what, std::strerror(errno));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !owned_by_domain(st.st_uid, st.st_gid, uid, gid, mode)) {
+    return fail(MRC_ERR_INVALID, "{} cannot belong to uid {} here (not root, mode {:04o})", what,
+                uid, mode);
   }
   return MRC_OK;
 }

@@ -77,11 +77,20 @@ void ofd_unlock(int fd, off_t offset) noexcept;
 int ofd_held(int fd, off_t offset) noexcept;
 
 // ---- files ---------------------------------------------------------------------------------
-// The checks made before mapping a file of the domain: owned by `uid`, no permission bit beyond
-// `mode`, never world-writable, a regular file; size exactly `size` (0 = any). MRC_OK or
-// MRC_ERR_INVALID with the reason.
-[[nodiscard]] mrc_status_t check_file(int fd, const char *what, uid_t uid, unsigned mode,
+// A file belongs to the domain when its owner is the domain's uid or, in a group-shared domain
+// (mode grants the group access), when its group is the domain's gid.
+bool owned_by_domain(uid_t file_uid, gid_t file_gid, uid_t uid, gid_t gid, unsigned mode) noexcept;
+
+// The checks made before mapping a file of the domain: a regular file that belongs to the
+// domain, no permission bit beyond `mode`, never world-writable; size exactly `size` (0 = any).
+// MRC_OK or MRC_ERR_INVALID with the reason.
+[[nodiscard]] mrc_status_t check_file(int fd, const char *what, uid_t uid, gid_t gid, unsigned mode,
                                       uint64_t size) noexcept;
+
+// Gives a file we just created to the domain's uid/gid: the uid only when we are root, the
+// group when it differs from ours. MRC_OK or MRC_ERR_INVALID.
+[[nodiscard]] mrc_status_t give_to_domain(int fd, const char *what, uid_t uid, gid_t gid,
+                                          unsigned mode) noexcept;
 
 // Reads /proc/self/comm (15 bytes at most).
 void self_comm(char (&out)[16]) noexcept;
