@@ -95,8 +95,12 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
     return MRC_ERR_INVALID;
   }
   if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
-  const mrc_backend_t *backend = params.backend != nullptr ? params.backend : mrc_backend_null();
-  if (backend->reg == nullptr || backend->dereg == nullptr) return MRC_ERR_INVALID;
+  mrc_backend_t backend{};
+  // A plugin may leave operations out: they get not-supported defaults, never NULL checks here.
+  if (mrc_backend_complete(params.backend != nullptr ? params.backend : mrc_backend_null(),
+                           &backend) != MRC_OK) {
+    return MRC_ERR_INVALID;
+  }
 
   Cache *cache = new (std::nothrow) Cache();
   if (cache == nullptr) return MRC_ERR_NO_MEMORY;
@@ -124,8 +128,8 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
     return status;
   }
   CacheRegistry::add(cache);
-  MRC_LOG_DEBUG("cache {} created (backend {}, monitor mode {})", cache->name_, backend->name,
-                static_cast<int>(cache->consumer_->mode()));
+  MRC_LOG_DEBUG("cache {} created (backend {}, monitor {})", cache->name_, backend.name,
+                cache->consumer_->mode() == MRC_MONITOR_UNCACHED ? "uncached" : "watching");
   *out = cache;
   return MRC_OK;
 }
@@ -185,7 +189,6 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
   end &= ~(align - 1);
 
-  hot_.add(Counter::Gets);
   if (get_fast(address, request_end, prot, out)) {
     hot_.add(Counter::HitsFast);
     return MRC_OK;
@@ -241,6 +244,7 @@ bool Cache::verify_pfns(Region *region) noexcept {
 }
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
+  gets_slow_.fetch_add(1, std::memory_order_relaxed);
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   {
@@ -330,7 +334,7 @@ void Cache::remove_locked(Region *region) noexcept {
     --cached_regions_;
     cached_bytes_ -= region->length();
   }
-  if (region->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (region->drop_reference()) {
     defer_locked(region);
   } else if ((old_flags & Region::kRegistered) != 0) {
     unreleased_bytes_.fetch_add(region->length(), std::memory_order_relaxed);
@@ -375,6 +379,40 @@ void Cache::evict_locked() noexcept {
     evictions_.fetch_add(1, std::memory_order_relaxed);
     remove_locked(region);
   }
+}
+
+// Evicts every cached region no one holds; returns how many. Their deregistration runs at once
+// (not after the lock) because the caller retries a registration that needs the resources.
+size_t Cache::evict_unused_locked() noexcept {
+  size_t evicted = 0;
+  Region *region = lru_hand_;
+  // Each step visits a different entry of the ring as it was: removals keep the others' order.
+  for (size_t budget = table_entries_; region != nullptr && budget-- != 0;) {
+    Region *next = region->lru_next;
+    if (region->refcount.load(std::memory_order_acquire) == 1 && !region->has(Region::kFailed)) {
+      evictions_.fetch_add(1, std::memory_order_relaxed);
+      remove_locked(region);
+      ++evicted;
+    }
+    region = lru_hand_ != nullptr ? next : nullptr;
+  }
+  Region *deferred = deferred_;
+  deferred_ = nullptr;
+  while (deferred != nullptr) {
+    Region *next = deferred->gc_next;
+    if (deferred->has(Region::kRegistered) && !deferred->has(Region::kForgotten)) {
+      backend_.dereg(backend_ctx_, deferred->handle);
+      deregistrations_.fetch_add(1, std::memory_order_relaxed);
+      deferred->flags.fetch_and(~static_cast<uint32_t>(Region::kRegistered),
+                                std::memory_order_relaxed);
+      live_regions_.fetch_sub(1, std::memory_order_relaxed);
+      live_bytes_.fetch_sub(deferred->length(), std::memory_order_relaxed);
+    }
+    deferred->gc_next = deferred_;  // the rest of retire() runs after the lock
+    deferred_ = deferred;
+    deferred = next;
+  }
+  return evicted;
 }
 
 bool Cache::can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
@@ -438,8 +476,14 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t status =
-      backend_->reg(backend_ctx_, reinterpret_cast<void *>(merged_start), merged_end - merged_start,
+      backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start), merged_end - merged_start,
                     merged_prot, &handle, &key);
+  if (status == MRC_ERR_NO_MEMORY && evict_unused_locked() != 0) {
+    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): give back what no
+    // one uses and try once more.
+    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
+                          merged_end - merged_start, merged_prot, &handle, &key);
+  }
   if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
     MRC_LOG_DEBUG("cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
                   "alone", name_, merged_start, merged_end, mrc_status_string(status));
@@ -448,13 +492,13 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     merged_end = end;
     merged_prot = prot;
     watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
-    status = backend_->reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot,
+    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot,
                            &handle, &key);
   }
 
   Region *region = new (std::nothrow) Region();
   if (region == nullptr) {
-    if (status == MRC_OK) backend_->dereg(backend_ctx_, handle);
+    if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
     if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
     return MRC_ERR_NO_MEMORY;
   }
@@ -465,7 +509,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
 
   if (status != MRC_OK) {
     registration_failures_.fetch_add(1, std::memory_order_relaxed);
-    MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_->name,
+    MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
     if (!watched) {  // nothing would tell us when the memory changes: do not remember
       delete region;
@@ -558,7 +602,7 @@ void Cache::live_insert_locked(Region *region) noexcept {
 // ---- releasing --------------------------------------------------------------------------------
 
 void Cache::release(Region *region) noexcept {
-  if (region->refcount.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (!region->drop_reference()) return;
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
       (flags & Region::kForgotten) == 0) {
@@ -626,7 +670,7 @@ void Cache::retire(Region *region) noexcept {
   }
   if ((flags & Region::kRegistered) != 0) {
     if (!forgotten) {
-      backend_->dereg(backend_ctx_, region->handle);
+      backend_.dereg(backend_ctx_, region->handle);
       deregistrations_.fetch_add(1, std::memory_order_relaxed);
     }
     live_regions_.fetch_sub(1, std::memory_order_relaxed);
@@ -684,8 +728,8 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
 void Cache::stats(mrc_stats_t *out) noexcept {
   collect_garbage();
   mrc_stats_t stats{};
-  stats.gets = hot_.sum(Counter::Gets);
   stats.hits_fast = hot_.sum(Counter::HitsFast);
+  stats.gets = stats.hits_fast + gets_slow_.load(std::memory_order_relaxed);
   stats.puts = hot_.sum(Counter::Puts);
   stats.hits_slow = hits_slow_.load(std::memory_order_relaxed);
   stats.misses = misses_.load(std::memory_order_relaxed);
@@ -722,7 +766,7 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
                  "\"registered_bytes\":{},\"registration_failures\":{},\"uncacheable\":{},"
                  "\"pfn_mismatches\":{},\"purges\":{},\"unreleased_bytes\":{},"
                  "\"size_histogram\":{{",
-                 name_, backend_->name != nullptr ? backend_->name : "", s.gets, s.hits_fast,
+                 name_, backend_.name != nullptr ? backend_.name : "", s.gets, s.hits_fast,
                  s.hits_slow, s.misses, s.merges, s.unmap_events, s.invalidations, s.puts,
                  s.registrations, s.deregistrations, s.evictions, s.regions, s.registered_bytes,
                  s.registration_failures, s.uncacheable, s.pfn_mismatches, s.purges,

@@ -56,6 +56,9 @@ struct Region : PgtRegion, mrc_region {
     kWatched = 1U << 7,     // the range is watched by the monitor (unwatch at the end)
   };
 
+  // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
+  // whose release found the count at zero; a region whose count has kDead is never acquired.
+  static constexpr uint64_t kDead = uint64_t{1} << 63;
   std::atomic<uint64_t> refcount{0};
   std::atomic<uint32_t> flags{0};
   unsigned prot = 0;
@@ -76,13 +79,19 @@ struct Region : PgtRegion, mrc_region {
   bool has(uint32_t flag) const noexcept {
     return (flags.load(std::memory_order_acquire) & flag) != 0;
   }
+  // One locked instruction. An increment from zero (the count fell to zero but its releaser
+  // has not set kDead yet) is a valid resurrection: that releaser's CAS then fails and the
+  // caller, finding the region invalid, becomes the one to release it. Pairs with release's
+  // acq_rel decrement: a successful acquire sees every flag set before the references dropped.
   bool try_acquire() noexcept {
-    uint64_t count = refcount.load(std::memory_order_relaxed);
-    do {
-      if (count == 0) return false;
-    } while (!refcount.compare_exchange_weak(count, count + 1, std::memory_order_acquire,
-                                             std::memory_order_relaxed));
-    return true;
+    return (refcount.fetch_add(1, std::memory_order_acquire) & kDead) == 0;
+  }
+  // True for the one caller that dropped the last reference and must retire the region.
+  bool drop_reference() noexcept {
+    if (refcount.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+    uint64_t zero = 0;
+    return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
+                                            std::memory_order_relaxed);
   }
 };
 
@@ -118,6 +127,7 @@ class Cache {
   void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept;
   void remove_locked(Region *region) noexcept;
   void evict_locked() noexcept;
+  size_t evict_unused_locked() noexcept;
   bool can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept;
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
   void lru_insert_locked(Region *region) noexcept;
@@ -133,7 +143,7 @@ class Cache {
   void collect_garbage() noexcept;
 
   char name_[64] = "mrcache";
-  const mrc_backend_t *backend_ = nullptr;
+  mrc_backend_t backend_{};  // the caller's ops, completed with not-supported defaults
   void *backend_ctx_ = nullptr;
   size_t max_regions_ = 0;
   size_t max_bytes_ = 0;
@@ -161,7 +171,7 @@ class Cache {
 
   ShardedCounters hot_;
   // Slow-path counters: relaxed atomics.
-  std::atomic<uint64_t> hits_slow_{0}, misses_{0}, merges_{0}, unmap_events_{0},
+  std::atomic<uint64_t> gets_slow_{0}, hits_slow_{0}, misses_{0}, merges_{0}, unmap_events_{0},
       invalidations_{0}, registrations_{0}, deregistrations_{0}, evictions_{0},
       registration_failures_{0}, uncacheable_{0}, pfn_mismatches_{0}, purges_{0};
   std::atomic<uint64_t> size_histogram_[64] = {};

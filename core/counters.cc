@@ -3,6 +3,10 @@
 #include <mutex>
 
 namespace mrc {
+namespace detail {
+
+constinit thread_local ThreadSlot tls_thread_slot{0, false, false};
+
 namespace {
 
 // Slot ownership: a bitmap under a mutex, touched once per thread start and exit.
@@ -10,33 +14,36 @@ std::mutex g_slot_mutex;
 std::array<bool, ShardedCounters::kSlots> g_slot_taken{};  // guarded by g_slot_mutex
 unsigned g_next_shared = 0;                                // guarded by g_slot_mutex
 
-struct SlotOwner {
-  ThreadSlot slot{0, false};
-  SlotOwner() {
-    std::lock_guard lock(g_slot_mutex);
-    for (unsigned i = 0; i < ShardedCounters::kSlots; ++i) {
-      if (!g_slot_taken[i]) {
-        g_slot_taken[i] = true;
-        slot = {i, true};
-        return;
-      }
+// Gives the slot back when the thread exits.
+struct SlotReturn {
+  ~SlotReturn() {
+    ThreadSlot &slot = tls_thread_slot;
+    if (slot.assigned && slot.exclusive) {
+      std::lock_guard lock(g_slot_mutex);
+      g_slot_taken[slot.index] = false;
     }
-    slot = {g_next_shared++ % ShardedCounters::kSlots, false};
+    // Should the thread count again after this (another TLS destructor), it uses a shared slot.
+    slot = {0, false, true};
   }
-  ~SlotOwner() {
-    if (!slot.exclusive) return;
-    std::lock_guard lock(g_slot_mutex);
-    g_slot_taken[slot.index] = false;
-  }
-  SlotOwner(const SlotOwner &) = delete;
-  SlotOwner &operator=(const SlotOwner &) = delete;
 };
 
 }  // namespace
 
-const ThreadSlot &this_thread_slot() noexcept {
-  thread_local SlotOwner owner;
-  return owner.slot;
+const ThreadSlot &assign_thread_slot() noexcept {
+  thread_local SlotReturn slot_return;
+  (void)&slot_return;
+  ThreadSlot &slot = tls_thread_slot;
+  std::lock_guard lock(g_slot_mutex);
+  for (unsigned i = 0; i < ShardedCounters::kSlots; ++i) {
+    if (!g_slot_taken[i]) {
+      g_slot_taken[i] = true;
+      slot = {i, true, true};
+      return slot;
+    }
+  }
+  slot = {g_next_shared++ % ShardedCounters::kSlots, false, true};
+  return slot;
 }
 
+}  // namespace detail
 }  // namespace mrc

@@ -17,11 +17,22 @@ namespace mrc {
 struct ThreadSlot {
   unsigned index;
   bool exclusive;
+  bool assigned;
 };
-// This thread's slot (assigned on first call).
-const ThreadSlot &this_thread_slot() noexcept;
 
-enum class Counter : unsigned { Gets, HitsFast, Puts, kCount };
+namespace detail {
+// Initial-exec TLS: one load from the thread pointer, no __tls_get_addr call in libmrcache.so.
+extern constinit thread_local ThreadSlot tls_thread_slot __attribute__((tls_model("initial-exec")));
+const ThreadSlot &assign_thread_slot() noexcept;
+}  // namespace detail
+
+// This thread's slot (assigned on first call).
+inline const ThreadSlot &this_thread_slot() noexcept {
+  const ThreadSlot &slot = detail::tls_thread_slot;
+  return __builtin_expect(slot.assigned, 1) ? slot : detail::assign_thread_slot();
+}
+
+enum class Counter : unsigned { HitsFast, Puts, kCount };
 
 class ShardedCounters {
  public:

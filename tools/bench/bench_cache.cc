@@ -1,0 +1,248 @@
+// The cache's hit and miss paths, and the same workloads on UCX's ucs_rcache in the same run
+// when libucx-dev is installed (MRC_HAVE_UCX). Both use a registration that does nothing, so
+// the figures are the caches' own cost.
+//
+// Naming: BM_Cache<Workload>/... is ours, BM_UcxRcache<Workload>/... is UCX's; scripts/bench.sh
+// pairs them by <Workload> and prints ours/UCX.
+//
+// Note: creating a UCX rcache installs UCM's libc hooks for the rest of the process; run the
+// monitor benchmarks (which time munmap) in a separate process (scripts/bench.sh does).
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "mrcache/mrcache.h"
+
+#ifdef MRC_HAVE_UCX
+#include <ucm/api/ucm.h>
+extern "C" {  // rcache.h has no C++ guard of its own
+#include <ucs/memory/rcache.h>
+}
+#endif
+
+namespace {
+
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+constexpr size_t kHitRegions = 64;      // one per thread, far apart
+constexpr size_t kRegionPages = 16;
+
+std::atomic<uint64_t> g_serial{1};
+mrc_status_t noop_reg(void *, void *, size_t, unsigned, void **handle, uint64_t *key) {
+  *handle = nullptr;
+  *key = g_serial.fetch_add(1, std::memory_order_relaxed);
+  return MRC_OK;
+}
+void noop_dereg(void *, void *) {}
+const mrc_backend_t kNoopBackend = {"noop", &noop_reg, &noop_dereg, nullptr};
+
+char *map_region_pool(size_t regions, size_t pages_each) {
+  // A gap page between regions so that neighbours never merge.
+  const size_t stride = (pages_each + 1) * kPage;
+  void *p = mmap(nullptr, regions * stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED) std::abort();
+  for (size_t i = 0; i < regions; ++i) {
+    mprotect(static_cast<char *>(p) + i * stride + pages_each * kPage, kPage, PROT_NONE);
+  }
+  return static_cast<char *>(p);
+}
+
+// One cache and one pool for every benchmark of ours (threads share them, as a runtime would).
+struct Ours {
+  mrc_cache_t *cache = nullptr;
+  char *pool = nullptr;
+  Ours() {
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    params.name = "bench";
+    params.backend = &kNoopBackend;
+    if (mrc_cache_create(&params, &cache) != MRC_OK) std::abort();
+    pool = map_region_pool(kHitRegions, kRegionPages);
+  }
+  char *region(size_t index) const { return pool + index * (kRegionPages + 1) * kPage; }
+};
+Ours &ours() {
+  static Ours instance;
+  return instance;
+}
+
+void report_mode(benchmark::State &state) {
+  mrc_monitor_info_t info;
+  if (mrc_monitor_info(&info) == MRC_OK) state.SetLabel(info.mode_name);
+}
+
+// Hit: get + put of a cached region. Arg 0: every thread its own region; 1: all on region 0.
+void BM_CacheHit(benchmark::State &state) {
+  Ours &o = ours();
+  const bool shared = state.range(0) != 0;
+  char *address = o.region(shared ? 0 : static_cast<size_t>(state.thread_index()));
+  mrc_region_t *region = nullptr;
+  if (mrc_get(o.cache, address, kPage, MRC_PROT_READ, &region) != MRC_OK) std::abort();
+  mrc_put(o.cache, region);
+  for (auto _ : state) {
+    mrc_get(o.cache, address, kPage, MRC_PROT_READ, &region);
+    benchmark::DoNotOptimize(region);
+    mrc_put(o.cache, region);
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) report_mode(state);
+}
+BENCHMARK(BM_CacheHit)->ArgName("shared")->Arg(0)->Arg(1)->Threads(1)->Threads(2)->UseRealTime();
+
+// Miss in a range already watched: get + put + invalidate, so each iteration registers anew.
+// A neighbour region in the same watch block keeps the block armed.
+void BM_CacheMissWatched(benchmark::State &state) {
+  Ours &o = ours();
+  char *address = o.region(kHitRegions - 1);
+  mrc_region_t *anchor = nullptr;
+  if (mrc_get(o.cache, address + (kRegionPages - 1) * kPage, kPage, MRC_PROT_READ, &anchor) != MRC_OK) {
+    std::abort();
+  }
+  for (auto _ : state) {
+    mrc_region_t *region = nullptr;
+    mrc_get(o.cache, address, kPage, MRC_PROT_READ, &region);
+    mrc_invalidate(o.cache, region, nullptr, nullptr);
+    mrc_put(o.cache, region);
+  }
+  mrc_put(o.cache, anchor);
+  state.SetItemsProcessed(state.iterations());
+  report_mode(state);
+}
+BENCHMARK(BM_CacheMissWatched);
+
+// Miss on the first touch of a new mapping: the watch itself is part of the cost.
+void BM_CacheMissNewMapping(benchmark::State &state) {
+  Ours &o = ours();
+  constexpr size_t kBatch = 256;
+  std::vector<char *> maps(kBatch);
+  size_t next = kBatch;
+  for (auto _ : state) {
+    if (next == kBatch) {
+      state.PauseTiming();
+      mrc_cache_purge(o.cache);
+      for (char *m : maps) {
+        if (m != nullptr) munmap(m, 4 * kPage);
+      }
+      for (char *&m : maps) {
+        m = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      }
+      next = 0;
+      state.ResumeTiming();
+    }
+    mrc_region_t *region = nullptr;
+    mrc_get(o.cache, maps[next++], kPage, MRC_PROT_READ, &region);
+    mrc_put(o.cache, region);
+  }
+  mrc_cache_purge(o.cache);  // after the timed loop
+  for (char *m : maps) {
+    if (m != nullptr) munmap(m, 4 * kPage);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_CacheMissNewMapping);
+
+#ifdef MRC_HAVE_UCX
+
+ucs_status_t ucx_reg(void *, ucs_rcache_t *, void *, ucs_rcache_region_t *, uint16_t) {
+  return UCS_OK;
+}
+void ucx_dereg(void *, ucs_rcache_t *, ucs_rcache_region_t *) {}
+void ucx_dump(void *, ucs_rcache_t *, ucs_rcache_region_t *, char *buf, size_t max) {
+  if (max != 0) buf[0] = '\0';
+}
+const ucs_rcache_ops_t kUcxOps = {&ucx_reg, &ucx_dereg, &ucx_dump};
+
+struct Ucx {
+  ucs_rcache_t *rcache = nullptr;
+  char *pool = nullptr;
+  Ucx() {
+    ucs_rcache_params_t params{};
+    params.region_struct_size = sizeof(ucs_rcache_region_t);
+    params.alignment = 64;
+    params.max_alignment = kPage;
+    params.ucm_events = UCM_EVENT_VM_UNMAPPED;
+    params.ucm_event_priority = 1000;
+    params.ops = &kUcxOps;
+    params.context = nullptr;
+    params.flags = 0;
+    params.max_regions = static_cast<unsigned long>(-1);
+    params.max_size = static_cast<size_t>(-1);
+    params.max_unreleased = static_cast<size_t>(-1);
+    if (ucs_rcache_create(&params, "bench", nullptr, &rcache) != UCS_OK) std::abort();
+    pool = map_region_pool(kHitRegions, kRegionPages);
+  }
+  char *region(size_t index) const { return pool + index * (kRegionPages + 1) * kPage; }
+};
+Ucx &ucx() {
+  static Ucx instance;
+  return instance;
+}
+
+void BM_UcxRcacheHit(benchmark::State &state) {
+  Ucx &u = ucx();
+  const bool shared = state.range(0) != 0;
+  char *address = u.region(shared ? 0 : static_cast<size_t>(state.thread_index()));
+  ucs_rcache_region_t *region = nullptr;
+  if (ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region) != UCS_OK) std::abort();
+  ucs_rcache_region_put(u.rcache, region);
+  for (auto _ : state) {
+    ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region);
+    benchmark::DoNotOptimize(region);
+    ucs_rcache_region_put(u.rcache, region);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_UcxRcacheHit)->ArgName("shared")->Arg(0)->Arg(1)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_UcxRcacheMissWatched(benchmark::State &state) {
+  Ucx &u = ucx();
+  char *address = u.region(kHitRegions - 1);
+  for (auto _ : state) {
+    ucs_rcache_region_t *region = nullptr;
+    ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_region_invalidate(u.rcache, region, [](void *) {}, nullptr);
+    ucs_rcache_region_put(u.rcache, region);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_UcxRcacheMissWatched);
+
+void BM_UcxRcacheMissNewMapping(benchmark::State &state) {
+  Ucx &u = ucx();
+  constexpr size_t kBatch = 256;
+  std::vector<char *> maps(kBatch);
+  size_t next = kBatch;
+  auto drop = [&] {  // UCM's munmap hook invalidates the regions
+    for (char *m : maps) {
+      if (m != nullptr) munmap(m, 4 * kPage);
+    }
+  };
+  for (auto _ : state) {
+    if (next == kBatch) {
+      state.PauseTiming();
+      drop();
+      for (char *&m : maps) {
+        m = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      }
+      next = 0;
+      state.ResumeTiming();
+    }
+    ucs_rcache_region_t *region = nullptr;
+    ucs_rcache_get(u.rcache, maps[next++], kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_region_put(u.rcache, region);
+  }
+  drop();  // after the timed loop
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_UcxRcacheMissNewMapping);
+
+#endif  // MRC_HAVE_UCX
+
+}  // namespace
