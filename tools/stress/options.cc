@@ -1,0 +1,238 @@
+#include "tools/stress/options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace stress {
+
+namespace {
+
+constexpr const char *kMutationNames[] = {"remap",    "move", "shrink", "grow",  "unmap-tail",
+                                          "dontneed", "free", "fixed",  "purge", "fork"};
+static_assert(sizeof kMutationNames / sizeof kMutationNames[0] == kMutationKinds);
+
+constexpr const char *kDefaultMix =
+    "remap=4,move=2,shrink=2,grow=2,unmap-tail=1,dontneed=3,"
+    "free=2,fixed=2,purge=0.05";
+
+constexpr const char *kDescription =
+    "mrcache-stress: proves that the registration cache never hands out a stale registration.\n"
+    "\n"
+    "Worker threads get and put random ranges (a page to --max-size) of a pool of mappings\n"
+    "while mutator threads munmap+mmap, mremap (move, shrink, grow), madvise (DONTNEED, FREE),\n"
+    "MAP_FIXED-replace those mappings and now and then fork (the child runs a cache of its\n"
+    "own, with brk mutations, and exits with a status the parent checks). Every region the\n"
+    "cache hands out is checked by an oracle before use:\n"
+    "  iouring  a fresh stamp is written into the memory and IORING_OP_WRITE_FIXED through the\n"
+    "           region's buffer index must write exactly that stamp into a file (a stale\n"
+    "           registration pins the old pages and writes old bytes);\n"
+    "  pfn      (--backend null, root) the page frames recorded at registration must be the\n"
+    "           frames mapped now (/proc/self/pagemap);\n"
+    "  rdma     (--backend verbs) an RDMA READ through a loopback RC QP must return the bytes\n"
+    "           in memory now.\n"
+    "At the end every registration must be deregistered, and pinned/locked memory, open files\n"
+    "and threads must be back to where they started.\n"
+    "\n"
+    "Exit status: 0 = no stale use, no leak, no error (failures injected by --fail-rate are\n"
+    "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up.\n";
+
+constexpr const char *kFooter =
+    "\nExamples:\n"
+    "  mrcache-stress                          30 s with the defaults (io_uring oracle)\n"
+    "  mrcache-stress -d 10m --json run.json   ten minutes, summary written as JSON\n"
+    "  mrcache-stress --fail-rate 0.1          10% of registrations fail: counted, not fatal\n"
+    "  mrcache-stress --backend null           PFN oracle (needs root for /proc/self/pagemap)\n"
+    "  mrcache-stress --seed 42 -t 1 -m 1      replay a seed (one worker, one mutator: the\n"
+    "                                          closest to a repeatable schedule)\n"
+    "\nThe cache also reads its MRC_* environment variables (see mrcache-info); the options\n"
+    "--max-regions, --max-bytes and --max-unreleased override them.\n";
+
+}  // namespace
+
+const char *mutation_name(MutationKind kind) {
+  const int index = static_cast<int>(kind);
+  return index >= 0 && index < kMutationKinds ? kMutationNames[index] : "?";
+}
+
+const char *backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kIouring: return "iouring";
+    case Backend::kNull: return "null";
+    case Backend::kVerbs: return "verbs";
+  }
+  return "?";
+}
+
+const char *oracle_name(OracleKind oracle) {
+  switch (oracle) {
+    case OracleKind::kAuto: return "auto";
+    case OracleKind::kIouring: return "iouring";
+    case OracleKind::kPfn: return "pfn";
+    case OracleKind::kRdma: return "rdma";
+    case OracleKind::kNone: return "none";
+  }
+  return "?";
+}
+
+void parse_mix(const std::string &text, std::array<double, kMutationKinds> *mix) {
+  mix->fill(0);
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    double weight = 1;
+    if (eq != std::string::npos) {
+      try {
+        size_t used = 0;
+        weight = std::stod(item.substr(eq + 1), &used);
+        if (used != item.size() - eq - 1) throw std::invalid_argument("trailing characters");
+      } catch (const std::exception &) {
+        throw std::invalid_argument("bad weight in '" + item + "'");
+      }
+    }
+    if (!(weight >= 0)) throw std::invalid_argument("negative weight in '" + item + "'");
+    int found = -1;
+    for (int i = 0; i < kMutationKinds; ++i) {
+      if (name == kMutationNames[i]) found = i;
+    }
+    if (found < 0 || found == static_cast<int>(MutationKind::kFork)) {
+      throw std::invalid_argument("unknown mutation '" + name +
+                                  "' (known: remap, move, shrink, grow, unmap-tail, dontneed, "
+                                  "free, fixed, purge; fork has --fork-rate)");
+    }
+    (*mix)[static_cast<size_t>(found)] = weight;
+  }
+}
+
+std::optional<int> parse_options(int argc, char **argv, Options *o) {
+  CLI::App app{kDescription, "mrcache-stress"};
+  app.footer(kFooter);
+  app.get_formatter()->column_width(34);
+  const std::map<std::string, double> time_units{{"s", 1.0}, {"m", 60.0}, {"h", 3600.0}};
+
+  uint64_t max_regions = 0, max_bytes = 0, max_unreleased = 0;
+  std::string backend = "iouring", oracle = "auto";
+  o->mix_text = kDefaultMix;
+
+  app.add_option("-t,--threads", o->threads, "Worker threads (get, check, put)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 128u));
+  app.add_option("-m,--mutators", o->mutators, "Mutator threads (munmap, mremap, madvise, ...)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 64u));
+  app.add_option("-d,--duration", o->duration_s, "How long to run: 30, 30s, 10m, 1h")
+      ->capture_default_str()
+      ->transform(CLI::AsNumberWithUnit(time_units, CLI::AsNumberWithUnit::CASE_SENSITIVE))
+      ->check(CLI::PositiveNumber);
+  app.add_option("-b,--backend", backend,
+                 "Registration engine: iouring (pins memory; the default), null (registers "
+                 "nothing), verbs (first RDMA device, e.g. rxe)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"iouring", "null", "verbs"}));
+  app.add_option("--oracle", oracle,
+                 "How a region is checked: auto (by backend), iouring, pfn, rdma, none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "iouring", "pfn", "rdma", "none"}));
+  app.add_option("--min-size", o->min_size, "Smallest range a worker asks for (4k, 1m, ...)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  auto *max_size_option =
+      app.add_option("--max-size", o->max_size,
+                     "Largest mapping and range (default 16m; less when RLIMIT_MEMLOCK is small)")
+          ->transform(CLI::AsSizeValue(false));
+  app.add_option("--slots", o->slots, "Mappings in the pool")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--shared-fraction", o->shared_fraction,
+                 "Fraction of the mappings that are MAP_SHARED (shmem) instead of private")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--mix", o->mix_text,
+                 "Mutation weights, name=weight,...; names: remap move shrink grow unmap-tail "
+                 "dontneed free fixed purge")
+      ->capture_default_str();
+  app.add_option("--fork-rate", o->fork_rate, "Forks per second (all mutators together); 0 = none")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--invalidate-rate", o->invalidate_rate,
+                 "Fraction of gets followed by mrc_invalidate of the region")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--nest-rate", o->nest_rate,
+                 "Fraction of operations that hold 2-4 regions of one mapping at once")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--check-pages", o->check_pages,
+                 "Pages the oracle checks per get (first, last and random ones)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--mutate-pause", o->mutate_pause_us,
+                 "Microseconds each mutator sleeps between mutations (lets hits happen)")
+      ->capture_default_str();
+  auto *seed_option = app.add_option("-s,--seed", o->seed,
+                                     "Seed of every random choice (default: random, printed)");
+  auto *max_regions_option = app.add_option("--max-regions", max_regions,
+                                            "Cache limit: regions (0 = unlimited; default "
+                                            "MRC_MAX_REGIONS or unlimited)");
+  auto *max_bytes_option =
+      app.add_option("--max-bytes", max_bytes,
+                     "Cache limit: registered bytes (0 = unlimited; default MRC_MAX_BYTES, or "
+                     "half of RLIMIT_MEMLOCK when pinning is limited)")
+          ->transform(CLI::AsSizeValue(false));
+  auto *max_unreleased_option =
+      app.add_option("--max-unreleased", max_unreleased,
+                     "Cache limit: invalidated bytes still in use (default MRC_MAX_UNRELEASED)")
+          ->transform(CLI::AsSizeValue(false));
+  app.add_option("--fail-rate", o->fail_rate,
+                 "Probability that a registration fails (injected; null: the backend's own "
+                 "injection, others: a wrapper in front of the backend)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--json", o->json_path, "Write the summary as JSON to FILE");
+  app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
+  app.add_flag("--keep-going", o->keep_going,
+               "Do not stop at the first stale registration (report up to 10)");
+  app.add_option("--progress-interval", o->progress_interval_s,
+                 "Seconds between progress lines (default 0.5 on a terminal, 10 otherwise)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rdma-device", o->rdma_device, "verbs: device name (default: the first)");
+  o->gid_index = 0;
+  if (const char *gid = std::getenv("RXE_GID0")) o->gid_index = std::atoi(gid);
+  app.add_option("--gid-index", o->gid_index, "verbs: GID index of the loopback QP (env RXE_GID0)")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+    parse_mix(o->mix_text, &o->mix);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::invalid_argument &e) {
+    std::fprintf(stderr, "mrcache-stress: --mix: %s\n", e.what());
+    return 2;
+  }
+  o->backend = backend == "null"    ? Backend::kNull
+               : backend == "verbs" ? Backend::kVerbs
+                                    : Backend::kIouring;
+  o->oracle = oracle == "iouring" ? OracleKind::kIouring
+              : oracle == "pfn"   ? OracleKind::kPfn
+              : oracle == "rdma"  ? OracleKind::kRdma
+              : oracle == "none"  ? OracleKind::kNone
+                                  : OracleKind::kAuto;
+  o->seed_given = seed_option->count() != 0;
+  o->max_size_given = max_size_option->count() != 0;
+  if (max_regions_option->count() != 0) o->max_regions = max_regions;
+  if (max_bytes_option->count() != 0) o->max_bytes = max_bytes;
+  if (max_unreleased_option->count() != 0) o->max_unreleased = max_unreleased;
+  if (o->min_size == 0 || (o->max_size_given && o->max_size < o->min_size)) {
+    std::fprintf(stderr, "mrcache-stress: need 0 < --min-size <= --max-size\n");
+    return 2;
+  }
+  return std::nullopt;
+}
+
+}  // namespace stress

@@ -1,0 +1,246 @@
+#include "tools/stress/pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace stress {
+
+std::string describe(const Mutation &m) {
+  char buf[256];
+  const double ms = static_cast<double>(m.time_ns) / 1e6;
+  int n = std::snprintf(buf, sizeof buf, "t=%.3fms slot %d %-10s [%#lx, +%s) -> [%#lx, +%s)", ms,
+                        m.slot, mutation_name(m.kind), static_cast<unsigned long>(m.old_start),
+                        format_size(m.old_len).c_str(), static_cast<unsigned long>(m.new_start),
+                        format_size(m.new_len).c_str());
+  if (m.range_len != 0 && n > 0 && static_cast<size_t>(n) < sizeof buf) {
+    n += std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), " part [%#lx, +%s)",
+                       static_cast<unsigned long>(m.range_start), format_size(m.range_len).c_str());
+  }
+  if (m.error != 0 && n > 0 && static_cast<size_t>(n) < sizeof buf) {
+    std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), " refused: %s",
+                  strerrordesc_np(m.error));
+  }
+  return buf;
+}
+
+Pool::Pool(const PoolConfig &config, uint64_t seed, uint64_t start_ns)
+    : config_(config),
+      count_(config.slots),
+      slots_(new Slot[config.slots]),
+      start_ns_(start_ns),
+      log_(kLogSize) {
+  Rng rng(seed);
+  for (size_t i = 0; i < count_; ++i) {
+    Slot &slot = slots_[i];
+    slot.index = static_cast<int>(i);
+    slot.shared = rng.chance(config_.shared_fraction);
+    slot.len = random_len(rng);
+    slot.start = map(slot.len, slot.shared, 0);
+    if (slot.start == 0) slot.len = 0;
+  }
+}
+
+Pool::~Pool() {
+  for (size_t i = 0; i < count_; ++i) {
+    if (slots_[i].start != 0) munmap(reinterpret_cast<void *>(slots_[i].start), slots_[i].len);
+  }
+}
+
+size_t Pool::random_len(Rng &rng) const {
+  return page_up(rng.log_uniform(config_.min_size, config_.max_size));
+}
+
+void Pool::prepare(uintptr_t start, size_t len) {
+  if (!config_.stable_frames) return;
+  (void)madvise(reinterpret_cast<void *>(start), len, MADV_NOHUGEPAGE);
+  (void)madvise(reinterpret_cast<void *>(start), len, MADV_DONTFORK);
+}
+
+uintptr_t Pool::map(size_t len, bool shared, uintptr_t fixed) {
+  int flags = MAP_ANONYMOUS | (shared ? MAP_SHARED : MAP_PRIVATE);
+  if (fixed != 0) flags |= MAP_FIXED;
+  void *p = mmap(reinterpret_cast<void *>(fixed), len, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  prepare(start, len);
+  return start;
+}
+
+void Pool::record(Slot &slot, const Mutation &mutation) {
+  slot.history[slot.history_total % Slot::kHistory] = mutation;
+  ++slot.history_total;
+  slot.generation.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(log_mutex_);
+  log_[log_total_ % kLogSize] = mutation;
+  ++log_total_;
+}
+
+Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
+  const size_t page = page_size();
+  Mutation m;
+  m.slot = slot.index;
+  m.old_start = slot.start;
+  m.old_len = slot.len;
+  const size_t pages = slot.len / page;
+
+  // Kinds that do not apply to this mapping become the nearest one that does.
+  if (slot.start == 0) kind = MutationKind::kRemap;
+  if (kind == MutationKind::kGrow && (slot.shared || slot.len >= config_.max_size)) {
+    // Growing a MAP_SHARED anonymous mapping would reach past its shmem object (SIGBUS).
+    kind = slot.len >= config_.max_size ? MutationKind::kShrink : MutationKind::kRemap;
+  }
+  if ((kind == MutationKind::kShrink || kind == MutationKind::kUnmapTail) && pages < 2) {
+    kind = MutationKind::kRemap;
+  }
+  m.kind = kind;
+
+  auto random_part = [&] {
+    const size_t first = rng.below(pages);
+    const size_t count = rng.log_uniform(1, pages - first);
+    m.range_start = slot.start + first * page;
+    m.range_len = count * page;
+  };
+
+  void *const old_addr = reinterpret_cast<void *>(slot.start);
+  // A fresh mapping in place of the old one. After a failed mremap too: the kernel may have
+  // moved part of the mapping before it stopped (Linux 6.17+ moves VMA by VMA and refuses one
+  // registered with a userfaultfd, returning EFAULT with the first VMAs already moved), so
+  // what is left where is unknown: unmap all of it and start afresh.
+  auto replace = [&] {
+    const int saved = errno;
+    if (slot.start != 0) munmap(old_addr, slot.len);
+    const bool shared = rng.chance(config_.shared_fraction);
+    const size_t len = random_len(rng);
+    const uintptr_t start = map(len, shared, 0);
+    slot.start = start;
+    slot.len = start != 0 ? len : 0;
+    slot.shared = shared;
+    errno = start != 0 ? saved : errno;
+    return start != 0;
+  };
+  switch (kind) {
+    case MutationKind::kRemap:
+      if (!replace()) m.error = errno;
+      break;
+    case MutationKind::kMove: {
+      // A reservation elsewhere, then MREMAP_FIXED onto it: the move is certain.
+      void *target =
+          mmap(nullptr, slot.len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (target == MAP_FAILED) {
+        m.error = errno;
+        break;
+      }
+      void *moved = mremap(old_addr, slot.len, slot.len, MREMAP_MAYMOVE | MREMAP_FIXED, target);
+      if (moved == MAP_FAILED) {
+        m.error = errno;
+        munmap(target, slot.len);
+        replace();
+        break;
+      }
+      slot.start = reinterpret_cast<uintptr_t>(moved);
+      break;
+    }
+    case MutationKind::kShrink: {
+      const size_t len = (1 + rng.below(pages - 1)) * page;
+      if (mremap(old_addr, slot.len, len, 0) == MAP_FAILED) {
+        m.error = errno;
+        replace();
+        break;
+      }
+      m.range_start = slot.start + len;
+      m.range_len = slot.len - len;
+      slot.len = len;
+      break;
+    }
+    case MutationKind::kGrow: {
+      const size_t len =
+          std::min<size_t>(page_up(config_.max_size), slot.len + page * (1 + rng.below(pages)));
+      void *grown = mremap(old_addr, slot.len, len, MREMAP_MAYMOVE);
+      if (grown == MAP_FAILED) {
+        m.error = errno;
+        replace();
+        break;
+      }
+      slot.start = reinterpret_cast<uintptr_t>(grown);
+      prepare(slot.start, len);
+      slot.len = len;
+      break;
+    }
+    case MutationKind::kUnmapTail: {
+      const size_t len = (1 + rng.below(pages - 1)) * page;
+      m.range_start = slot.start + len;
+      m.range_len = slot.len - len;
+      if (munmap(reinterpret_cast<void *>(m.range_start), m.range_len) != 0) {
+        m.error = errno;
+        break;
+      }
+      slot.len = len;
+      break;
+    }
+    case MutationKind::kDontneed:
+    case MutationKind::kFree: {
+      random_part();
+      int advice = MADV_DONTNEED;
+      // MADV_FREE applies to private anonymous memory only; on shmem, MADV_REMOVE frees the
+      // pages for real (a later fault brings a new page).
+      if (kind == MutationKind::kFree) advice = slot.shared ? MADV_REMOVE : MADV_FREE;
+      if (madvise(reinterpret_cast<void *>(m.range_start), m.range_len, advice) != 0) {
+        m.error = errno;
+      }
+      break;
+    }
+    case MutationKind::kFixed: {
+      random_part();
+      if (map(m.range_len, slot.shared, m.range_start) == 0) {
+        // A failed MAP_FIXED may leave a hole: the slot loses its mapping.
+        m.error = errno;
+        munmap(old_addr, slot.len);
+        slot.start = 0;
+        slot.len = 0;
+      }
+      break;
+    }
+    case MutationKind::kPurge:
+    case MutationKind::kFork:
+    case MutationKind::kCount: break;  // not mutations of a mapping: the caller does them
+  }
+  m.new_start = slot.start;
+  m.new_len = slot.len;
+  m.time_ns = now_ns() - start_ns_;
+  record(slot, m);
+  return m;
+}
+
+std::vector<Mutation> Pool::history(const Slot &slot) const {
+  std::vector<Mutation> out;
+  const uint64_t first =
+      slot.history_total > Slot::kHistory ? slot.history_total - Slot::kHistory : 0;
+  for (uint64_t i = first; i < slot.history_total; ++i) {
+    out.push_back(slot.history[i % Slot::kHistory]);
+  }
+  return out;
+}
+
+std::vector<Mutation> Pool::overlapping(uintptr_t start, size_t len, size_t max) const {
+  auto touches = [&](uintptr_t s, uintptr_t l) {
+    return l != 0 && s < start + len && start < s + l;
+  };
+  std::vector<Mutation> out;
+  std::lock_guard lock(log_mutex_);
+  const uint64_t first = log_total_ > kLogSize ? log_total_ - kLogSize : 0;
+  for (uint64_t i = log_total_; i > first && out.size() < max; --i) {
+    const Mutation &m = log_[(i - 1) % kLogSize];
+    if (touches(m.old_start, m.old_len) || touches(m.new_start, m.new_len) ||
+        touches(m.range_start, m.range_len)) {
+      out.push_back(m);
+    }
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace stress

@@ -1,0 +1,910 @@
+// mrcache-stress: workers get/check/put random ranges of a pool of mappings while mutators
+// change those mappings; an oracle proves every region handed out maps the memory there now.
+//
+// SYNCHRONIZATION
+// - Workers and mutators meet only through the pool's per-slot locks (tools/stress/pool.h):
+//   a worker holds one slot shared across get + check + put; a mutator holds it exclusively.
+// - Run::stop: relaxed flag polled by every thread; set by the main thread at the end of the
+//   duration, by a worker that found a stale registration (unless --keep-going), or by SIGINT.
+// - Run::report_mutex guards the lists of stale reports and error samples.
+// - Counters: per-thread relaxed atomics (report.h), summed by the main thread.
+// - Fork: a mutator forks while holding no harness lock; the child uses none of the parent's
+//   harness objects (locks, output, cache) — only its own backend, cache and pool.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mrcache/mrcache.h"
+#include "tools/stress/backend.h"
+#include "tools/stress/options.h"
+#include "tools/stress/oracle.h"
+#include "tools/stress/pool.h"
+#include "tools/stress/report.h"
+#include "tools/stress/util.h"
+
+namespace stress {
+namespace {
+
+constexpr int kExitPassed = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+// Exit statuses of a fork child.
+constexpr int kChildStale = 10;
+constexpr int kChildError = 11;
+constexpr int kChildLeak = 12;
+constexpr int kChildSetup = 13;
+constexpr int kChildTimeoutSeconds = 60;
+constexpr size_t kMaxReports = 10;
+
+std::atomic<bool> g_interrupted{false};
+std::atomic<pid_t> g_parent_pid{0};
+
+void on_signal(int) { g_interrupted.store(true, std::memory_order_relaxed); }
+
+struct Run {
+  Options opt;
+  uint64_t seed = 0;
+  uint64_t start_ns = 0;
+  mrc_cache_t *cache = nullptr;
+  BackendSetup *backend = nullptr;
+  Oracle *oracle = nullptr;
+  Pool *pool = nullptr;
+  Output *out = nullptr;
+  std::string monitor_mode;
+  bool injecting = false;  // --fail-rate > 0: MRC_ERR_BACKEND from get is expected
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<ThreadCounters>> counters;  // workers, then mutators
+  std::atomic<uint64_t> next_fork_ns{0};
+  std::atomic<uint64_t> forks{0};
+  std::atomic<uint64_t> invalidate_callbacks{0};
+  std::atomic<uint64_t> log_warnings{0}, log_errors{0};
+
+  std::mutex report_mutex;
+  std::vector<std::string> stale_reports;  // report_mutex
+  std::vector<std::string> errors;         // report_mutex: the first kMaxReports
+
+  std::vector<ThreadCounters *> all_counters() const {
+    std::vector<ThreadCounters *> all;
+    for (const auto &c : counters) all.push_back(c.get());
+    return all;
+  }
+  double elapsed_s() const { return static_cast<double>(now_ns() - start_ns) / 1e9; }
+};
+
+Run *g_run = nullptr;  // for the log handler
+
+void log_handler(void *, mrc_log_level_t level, const char *message) {
+  const char *name = level == MRC_LOG_ERROR ? "error" : level == MRC_LOG_WARN ? "warn" : "info";
+  if (getpid() != g_parent_pid.load(std::memory_order_relaxed) || g_run == nullptr) {
+    // A fork child: the parent's output lock may have been held by another thread at fork.
+    dprintf(STDERR_FILENO, "mrcache %s (child %d): %s\n", name, getpid(), message);
+    return;
+  }
+  if (level == MRC_LOG_ERROR) g_run->log_errors.fetch_add(1, std::memory_order_relaxed);
+  if (level == MRC_LOG_WARN) g_run->log_warnings.fetch_add(1, std::memory_order_relaxed);
+  g_run->out->line(std::string("mrcache ") + name + ": " + message, true);
+}
+
+void on_invalidated(void *arg) {
+  static_cast<Run *>(arg)->invalidate_callbacks.fetch_add(1, std::memory_order_relaxed);
+}
+
+void add_error(Run &run, const std::string &text) {
+  std::lock_guard lock(run.report_mutex);
+  if (run.errors.size() < kMaxReports) {
+    run.errors.push_back(text);
+    run.out->line("error: " + text, true);
+  }
+}
+
+std::string prot_name(unsigned prot) {
+  std::string s;
+  s += (prot & MRC_PROT_READ) != 0 ? 'r' : '-';
+  s += (prot & MRC_PROT_WRITE) != 0 ? 'w' : '-';
+  return s;
+}
+
+std::string range_text(uintptr_t start, size_t len) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%#lx, +%s)", static_cast<unsigned long>(start),
+                format_size(len).c_str());
+  return buf;
+}
+
+// REQUIRES: the slot's lock is held (its history is stable).
+std::string stale_report(Run &run, unsigned worker, const Slot &slot, uintptr_t start, size_t len,
+                         unsigned prot, mrc_region_t *region, const CheckResult &result) {
+  const auto region_start = reinterpret_cast<uintptr_t>(mrc_region_start(region));
+  const size_t region_len = mrc_region_length(region);
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "STALE REGISTRATION: worker %u at t=%.3fs, seed %llu (backend %s, oracle %s, "
+                "monitor %s)\n",
+                worker, run.elapsed_s(), static_cast<unsigned long long>(run.seed),
+                backend_name(run.opt.backend), run.oracle->name(), run.monitor_mode.c_str());
+  std::string text = head;
+  text += "  request  " + range_text(start, len) + " prot " + prot_name(prot) + " in slot " +
+          std::to_string(slot.index) + " (mapping " + range_text(slot.start, slot.len) +
+          (slot.shared ? " shared" : " private") + ")\n";
+  text += "  region   " + range_text(region_start, region_len) + " key " +
+          std::to_string(mrc_region_key(region)) + " prot " + prot_name(mrc_region_prot(region)) +
+          "\n";
+  if (const auto info = run.backend->instrumented().lookup(mrc_region_handle(region))) {
+    char made[160];
+    std::snprintf(made, sizeof made, "  made     t=%.3fms by %s %d while it held slot %d\n",
+                  static_cast<double>(info->time_ns) / 1e6, info->worker >= 0 ? "worker" : "thread",
+                  info->worker, info->slot);
+    text += made;
+  }
+  char address[64];
+  std::snprintf(address, sizeof address,
+                "  address  %#lx: ", static_cast<unsigned long>(result.address));
+  text += address + result.detail + "\n";
+  text += "  slot " + std::to_string(slot.index) + " history (oldest first, times since start):\n";
+  for (const Mutation &m : run.pool->history(slot)) text += "    " + describe(m) + "\n";
+  text += "  every recent mutation that touched the region:\n";
+  for (const Mutation &m : run.pool->overlapping(region_start, region_len, 24)) {
+    text += "    " + describe(m) + "\n";
+  }
+  text += "  replay: mrcache-stress --seed " + std::to_string(run.seed) + " --backend " +
+          backend_name(run.opt.backend) +
+          " (schedules differ between runs; the seed fixes "
+          "every random choice)\n";
+  return text;
+}
+
+// ---- workers -------------------------------------------------------------------------------
+
+void worker(Run &run, unsigned index) {
+  ThreadCounters &c = *run.counters[index];
+  Rng rng(mix64(run.seed ^ (0x1000 + index)));
+  std::string error;
+  std::unique_ptr<OracleThread> oracle = run.oracle->thread(index, &error);
+  if (oracle == nullptr) {
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    add_error(run, "worker " + std::to_string(index) + ": oracle set-up failed: " + error);
+    return;
+  }
+  static constexpr unsigned kProts[] = {MRC_PROT_READ, MRC_PROT_WRITE,
+                                        MRC_PROT_READ | MRC_PROT_WRITE};
+  struct Held {
+    mrc_region_t *region;
+  };
+  while (!run.stop.load(std::memory_order_relaxed)) {
+    Slot &slot = run.pool->slot(rng.below(run.pool->size()));
+    slot.lock.lock_shared();
+    Instrumented::set_thread_context(static_cast<int>(index), slot.index);
+    if (slot.start == 0) {
+      slot.lock.unlock_shared();
+      continue;
+    }
+    const uint64_t generation = slot.generation.load(std::memory_order_relaxed);
+    const int wanted = rng.chance(run.opt.nest_rate) ? 2 + static_cast<int>(rng.below(3)) : 1;
+    Held held[4];
+    int count = 0;
+    for (int k = 0; k < wanted; ++k) {
+      size_t len =
+          rng.log_uniform(run.opt.min_size, std::min<uint64_t>(run.opt.max_size, slot.len));
+      uintptr_t offset = rng.below(slot.len - len + 1);
+      if (rng.chance(0.75)) {  // mostly page-aligned, like most real buffers
+        offset = page_down(offset);
+        len = std::min<size_t>(page_up(len), slot.len - offset);
+      }
+      const uintptr_t start = slot.start + offset;
+      const unsigned prot = kProts[rng.below(3)];
+      mrc_region_t *region = nullptr;
+      const uint64_t t0 = now_ns();
+      const mrc_status_t status =
+          mrc_get(run.cache, reinterpret_cast<void *>(start), len, prot, &region);
+      c.add_latency(now_ns() - t0);
+      c.ops.fetch_add(1, std::memory_order_relaxed);
+      if (status != MRC_OK) {
+        if (status == MRC_ERR_BACKEND && run.injecting) {
+          c.injected.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          c.errors.fetch_add(1, std::memory_order_relaxed);
+          add_error(run, "mrc_get(" + range_text(start, len) + ", " + prot_name(prot) + ") = " +
+                             mrc_status_string(status) + " (" + mrc_backend_last_error() + ")");
+        }
+        continue;
+      }
+      held[count++].region = region;
+      const auto region_start = reinterpret_cast<uintptr_t>(mrc_region_start(region));
+      const size_t region_len = mrc_region_length(region);
+      if (region_start > start || start + len > region_start + region_len ||
+          (mrc_region_prot(region) & prot) != prot) {
+        c.errors.fetch_add(1, std::memory_order_relaxed);
+        add_error(run, "mrc_get(" + range_text(start, len) + ", " + prot_name(prot) +
+                           ") returned region " + range_text(region_start, region_len) + " " +
+                           prot_name(mrc_region_prot(region)) + ", which does not cover it");
+        continue;
+      }
+      const CheckResult result = oracle->check(region, start, len, rng);
+      c.pages.fetch_add(result.pages, std::memory_order_relaxed);
+      switch (result.kind) {
+        case CheckResult::kOk: c.checked.fetch_add(1, std::memory_order_relaxed); break;
+        case CheckResult::kUnchecked: c.unchecked.fetch_add(1, std::memory_order_relaxed); break;
+        case CheckResult::kError:
+          c.errors.fetch_add(1, std::memory_order_relaxed);
+          add_error(run, "oracle: " + result.detail);
+          break;
+        case CheckResult::kStale: {
+          if (slot.generation.load(std::memory_order_relaxed) != generation) {
+            c.errors.fetch_add(1, std::memory_order_relaxed);
+            add_error(run, "harness: slot " + std::to_string(slot.index) +
+                               " changed during a check (locking bug); mismatch not counted");
+            break;
+          }
+          c.stale.fetch_add(1, std::memory_order_relaxed);
+          const std::string report =
+              stale_report(run, index, slot, start, len, prot, region, result);
+          std::lock_guard lock(run.report_mutex);
+          if (run.stale_reports.size() < kMaxReports) {
+            run.stale_reports.push_back(report);
+            run.out->line(report, true);
+          }
+          if (!run.opt.keep_going) run.stop.store(true, std::memory_order_relaxed);
+          break;
+        }
+      }
+    }
+    if (count > 1) c.nested.fetch_add(1, std::memory_order_relaxed);
+    if (count > 0 && rng.chance(run.opt.invalidate_rate)) {
+      mrc_region_t *victim = held[rng.below(static_cast<uint64_t>(count))].region;
+      const mrc_status_t status = mrc_invalidate(run.cache, victim, &on_invalidated, &run);
+      if (status == MRC_OK) {
+        c.invalidates.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        c.errors.fetch_add(1, std::memory_order_relaxed);
+        add_error(run, std::string("mrc_invalidate = ") + mrc_status_string(status));
+      }
+    }
+    for (int k = count - 1; k >= 0; --k) mrc_put(run.cache, held[k].region);
+    slot.lock.unlock_shared();
+  }
+}
+
+// ---- the fork child ------------------------------------------------------------------------
+
+// What a forked child does: a cache of its own over mappings of its own (mutated between
+// checks), plus brk: grow the program break, register it, shrink it, grow it again and check
+// that the cache did not keep the old pages. brk is only safe here: the child has one thread,
+// so no malloc can move the break between our sbrk calls (checked anyway).
+int child_main(const Run &run) {
+  auto say = [](const std::string &text) {
+    dprintf(STDERR_FILENO, "mrcache-stress child %d: %s\n", getpid(), text.c_str());
+  };
+  Rng rng(mix64(run.seed ^ static_cast<uint64_t>(getpid()) ^ 0xc41d));
+  const bool pfn = std::string(run.oracle->name()) == "pfn";
+  int pagemap_fd = -1;
+  if (pfn) pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  BackendSetup::Config config;
+  config.backend = run.opt.backend == Backend::kVerbs ? Backend::kIouring : run.opt.backend;
+  config.seed = rng.next();
+  config.pagemap_fd = pagemap_fd;
+  config.iouring_slots = 64;
+  std::string error;
+  std::unique_ptr<BackendSetup> backend = BackendSetup::create(config, &error);
+  if (backend == nullptr) {
+    say("backend set-up failed: " + error);
+    return kChildSetup;
+  }
+  std::unique_ptr<Oracle> oracle;
+  if (backend->iouring() != nullptr) {
+    oracle = make_iouring_oracle(backend->iouring(), &backend->instrumented(), 4);
+  } else if (pfn) {
+    oracle = make_pfn_oracle(&backend->instrumented(), pagemap_fd, 4);
+  } else {
+    oracle = make_no_oracle();
+  }
+  std::unique_ptr<OracleThread> check = oracle->thread(0, &error);
+  if (check == nullptr) {
+    say("oracle set-up failed: " + error);
+    return kChildSetup;
+  }
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  params.name = "mrcache-stress-child";
+  params.backend = backend->backend();
+  params.backend_ctx = backend->backend_ctx();
+  mrc_cache_t *cache = nullptr;
+  mrc_status_t status = mrc_cache_create(&params, &cache);
+  if (status != MRC_OK) {
+    say(std::string("mrc_cache_create: ") + mrc_status_string(status));
+    return kChildSetup;
+  }
+
+  int verdict = 0;
+  // One get + check + put; false when the child must stop.
+  auto use = [&](uintptr_t start, size_t len, const char *what) {
+    mrc_region_t *region = nullptr;
+    status = mrc_get(cache, reinterpret_cast<void *>(start), len, MRC_PROT_READ | MRC_PROT_WRITE,
+                     &region);
+    if (status != MRC_OK) {
+      say(std::string(what) + ": mrc_get " + range_text(start, len) + " = " +
+          mrc_status_string(status) + " (" + mrc_backend_last_error() + ")");
+      verdict = kChildError;
+      return false;
+    }
+    const CheckResult result = check->check(region, start, len, rng);
+    mrc_put(cache, region);
+    if (result.kind == CheckResult::kStale) {
+      say(std::string("STALE REGISTRATION in the fork child (") + what + ") at " +
+          range_text(start, len) + ": " + result.detail + " (seed " + std::to_string(run.seed) +
+          ")");
+      verdict = kChildStale;
+      return false;
+    }
+    if (result.kind == CheckResult::kError) {
+      say(std::string(what) + ": oracle: " + result.detail);
+      verdict = kChildError;
+      return false;
+    }
+    return true;
+  };
+
+  {
+    PoolConfig pool_config;
+    pool_config.slots = 4;
+    pool_config.min_size = page_size();
+    pool_config.max_size = 1u << 20;
+    pool_config.shared_fraction = run.opt.shared_fraction;
+    pool_config.stable_frames = pfn;
+    Pool pool(pool_config, rng.next(), now_ns());
+    static constexpr MutationKind kKinds[] = {MutationKind::kRemap,    MutationKind::kMove,
+                                              MutationKind::kShrink,   MutationKind::kGrow,
+                                              MutationKind::kDontneed, MutationKind::kFree,
+                                              MutationKind::kFixed,    MutationKind::kUnmapTail};
+    for (int i = 0; i < 64 && verdict == 0; ++i) {
+      Slot &slot = pool.slot(rng.below(pool.size()));
+      if (i % 3 == 2) {
+        (void)pool.mutate(slot, kKinds[rng.below(std::size(kKinds))], rng);
+        continue;
+      }
+      if (slot.start == 0) continue;
+      const size_t len = page_up(rng.log_uniform(page_size(), slot.len));
+      const uintptr_t offset = page_down(rng.below(slot.len - std::min(len, slot.len) + 1));
+      use(slot.start + offset, std::min(len, slot.len - offset), "pool");
+    }
+
+    // brk: the break is process-wide; only this single-threaded child may move it.
+    const size_t len = 16 * page_size();
+    void *const old_break = sbrk(0);
+    const uintptr_t base = page_up(reinterpret_cast<uintptr_t>(old_break));
+    if (verdict == 0 && brk(reinterpret_cast<void *>(base + len)) == 0) {
+      bool ok = use(base, len, "brk grown");
+      if (ok && sbrk(0) == reinterpret_cast<void *>(base + len)) {
+        // Shrinking unmaps the top half (an UNMAP event); growing again maps fresh zero pages
+        // at the same addresses: the cache must not hand out the old registration.
+        if (brk(reinterpret_cast<void *>(base + len / 2)) == 0 &&
+            brk(reinterpret_cast<void *>(base + len)) == 0) {
+          ok = use(base, len, "brk shrunk and grown again");
+        }
+      }
+      if (sbrk(0) == reinterpret_cast<void *>(base + len)) (void)brk(old_break);
+    }
+  }
+
+  mrc_cache_destroy(cache);
+  check.reset();
+  oracle.reset();
+  const std::vector<std::string> leaks = backend->leaks();
+  for (const std::string &leak : leaks) say("leak: " + leak);
+  if (verdict == 0 && !leaks.empty()) verdict = kChildLeak;
+  backend.reset();
+  if (pagemap_fd >= 0) close(pagemap_fd);
+  return verdict;
+}
+
+void do_fork(Run &run, ThreadCounters &c) {
+  const auto kind = static_cast<size_t>(MutationKind::kFork);
+  const pid_t pid = fork();
+  if (pid == 0) _exit(child_main(run));
+  if (pid < 0) {
+    c.refused[kind].fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  c.mutations[kind].fetch_add(1, std::memory_order_relaxed);
+  run.forks.fetch_add(1, std::memory_order_relaxed);
+  int wstatus = 0;
+  const uint64_t deadline = now_ns() + kChildTimeoutSeconds * 1000000000ULL;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &wstatus, WNOHANG)) == 0 && now_ns() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &wstatus, 0);
+    c.fork_failures.fetch_add(1, std::memory_order_relaxed);
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    add_error(run, "fork child " + std::to_string(pid) + " hung for " +
+                       std::to_string(kChildTimeoutSeconds) + " s (killed)");
+    return;
+  }
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return;
+  c.fork_failures.fetch_add(1, std::memory_order_relaxed);
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == kChildStale) {
+    c.stale.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard lock(run.report_mutex);
+    if (run.stale_reports.size() < kMaxReports) {
+      run.stale_reports.push_back("stale registration in fork child " + std::to_string(pid) +
+                                  " (its report is on stderr), seed " + std::to_string(run.seed));
+    }
+    if (!run.opt.keep_going) run.stop.store(true, std::memory_order_relaxed);
+    return;
+  }
+  c.errors.fetch_add(1, std::memory_order_relaxed);
+  std::string why;
+  if (WIFSIGNALED(wstatus)) {
+    why = std::string("killed by signal ") + strsignal(WTERMSIG(wstatus));
+  } else {
+    const int code = WEXITSTATUS(wstatus);
+    why = code == kChildLeak    ? "leaked registrations"
+          : code == kChildSetup ? "could not set up its cache"
+          : code == kChildError ? "hit an error"
+                                : "exited with status " + std::to_string(code);
+  }
+  add_error(run, "fork child " + std::to_string(pid) + " " + why + " (its messages are on stderr)");
+}
+
+// ---- mutators ------------------------------------------------------------------------------
+
+bool fork_due(Run &run, Rng &rng) {
+  if (run.opt.fork_rate <= 0) return false;
+  uint64_t next = run.next_fork_ns.load(std::memory_order_relaxed);
+  const uint64_t now = now_ns();
+  if (now < next) return false;
+  const auto interval = static_cast<uint64_t>(1e9 / run.opt.fork_rate * (0.5 + rng.uniform()));
+  return run.next_fork_ns.compare_exchange_strong(next, now + interval, std::memory_order_relaxed);
+}
+
+void mutator(Run &run, unsigned index) {
+  ThreadCounters &c = *run.counters[run.opt.threads + index];
+  Rng rng(mix64(run.seed ^ (0x2000 + index)));
+  double total = 0;
+  for (double w : run.opt.mix) total += w;
+  while (!run.stop.load(std::memory_order_relaxed)) {
+    if (fork_due(run, rng)) {
+      do_fork(run, c);
+      continue;
+    }
+    if (total <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    double pick = rng.uniform() * total;
+    int kind = 0;
+    while (kind < kMutationKinds - 1 && pick >= run.opt.mix[static_cast<size_t>(kind)]) {
+      pick -= run.opt.mix[static_cast<size_t>(kind)];
+      ++kind;
+    }
+    const auto chosen = static_cast<MutationKind>(kind);
+    if (chosen == MutationKind::kPurge) {
+      const mrc_status_t status = mrc_cache_purge(run.cache);
+      c.mutations[static_cast<size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+      if (status != MRC_OK) {
+        c.errors.fetch_add(1, std::memory_order_relaxed);
+        add_error(run, std::string("mrc_cache_purge = ") + mrc_status_string(status));
+      }
+    } else {
+      Slot &slot = run.pool->slot(rng.below(run.pool->size()));
+      slot.lock.lock();
+      const Mutation m = run.pool->mutate(slot, chosen, rng);
+      slot.lock.unlock();
+      c.mutations[static_cast<size_t>(m.kind)].fetch_add(1, std::memory_order_relaxed);
+      if (m.error != 0)
+        c.refused[static_cast<size_t>(m.kind)].fetch_add(1, std::memory_order_relaxed);
+    }
+    if (run.opt.mutate_pause_us != 0) {
+      const auto pause =
+          static_cast<long>(run.opt.mutate_pause_us / 2 + rng.below(run.opt.mutate_pause_us + 1));
+      std::this_thread::sleep_for(std::chrono::microseconds(pause));
+    }
+  }
+}
+
+// ---- set-up helpers --------------------------------------------------------------------------
+
+bool has_cap_ipc_lock() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    unsigned long long caps = 0;
+    if (std::sscanf(line.c_str(), "CapEff: %llx", &caps) == 1) return (caps >> 14) & 1;  // 14
+  }
+  return false;
+}
+
+// Memory this process may pin (io_uring and verbs charge RLIMIT_MEMLOCK), 0 = no limit.
+uint64_t pin_budget() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+  if (has_cap_ipc_lock()) return 0;
+  return limit.rlim_cur;
+}
+
+struct Baseline {
+  ProcessSnapshot snapshot;
+  std::vector<OpenFile> files;
+};
+
+Baseline take_baseline() { return Baseline{take_snapshot(), list_fds()}; }
+
+// The descriptors opened since the start. The library keeps up to four /proc/self/maps
+// descriptors for the life of the process (uffd/maps.cc: PROCMAP_QUERY needs an open maps
+// file): those are listed in *kept, not counted as leaks.
+std::vector<OpenFile> new_files(const Baseline &before, std::vector<OpenFile> *kept) {
+  std::vector<OpenFile> added;
+  const std::string maps = "/proc/" + std::to_string(getpid()) + "/maps";
+  for (const OpenFile &file : list_fds()) {
+    bool known = false;
+    for (const OpenFile &old : before.files)
+      known = known || (old.fd == file.fd && old.target == file.target);
+    if (known) continue;
+    if (file.target == maps && kept->size() < 4) {
+      kept->push_back(file);
+    } else {
+      added.push_back(file);
+    }
+  }
+  return added;
+}
+
+// Waits (up to 5 s) for asynchronous teardown — io_uring rings and their io-wq workers go away
+// in kernel work items — then compares with the start.
+std::vector<std::string> process_leaks(const Baseline &before, std::vector<std::string> *notes) {
+  std::vector<std::string> leaks;
+  ProcessSnapshot after;
+  std::vector<OpenFile> added, kept;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    after = take_snapshot();
+    kept.clear();
+    added = new_files(before, &kept);
+    if (after.vm_pin_kib <= before.snapshot.vm_pin_kib &&
+        after.vm_lck_kib <= before.snapshot.vm_lck_kib && added.empty() &&
+        after.threads <= before.snapshot.threads) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto compare = [&](const char *what, long then, long now, const char *unit) {
+    if (now > then) {
+      leaks.push_back(std::string(what) + ": " + std::to_string(then) + unit + " at start, " +
+                      std::to_string(now) + unit + " at the end");
+    }
+  };
+  compare("VmPin", before.snapshot.vm_pin_kib, after.vm_pin_kib, " kB");
+  compare("VmLck", before.snapshot.vm_lck_kib, after.vm_lck_kib, " kB");
+  compare("threads", before.snapshot.threads, after.threads, "");
+  for (const OpenFile &file : added) {
+    leaks.push_back("open file: fd " + std::to_string(file.fd) + " -> " + file.target);
+  }
+  if (!kept.empty()) {
+    notes->push_back("the library keeps " + std::to_string(kept.size()) +
+                     " /proc/self/maps descriptor(s) open for the life of the process "
+                     "(uffd/maps.cc); not counted as leaks");
+  }
+  return leaks;
+}
+
+int run_main(int argc, char **argv) {
+  Options opt;
+  if (std::optional<int> code = parse_options(argc, argv, &opt)) return *code;
+  g_parent_pid.store(getpid(), std::memory_order_relaxed);
+
+  Output out;
+  Summary summary;
+  summary.version = mrc_version();
+  const Baseline before = take_baseline();
+
+  if (!opt.seed_given) opt.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ now_ns();
+  std::vector<std::string> notes;
+
+  // Pinning is charged to RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK: size the run so
+  // that it fits, rather than failing with "no memory".
+  const uint64_t budget = opt.backend == Backend::kNull ? 0 : pin_budget();
+  if (budget != 0) {
+    const uint64_t per_range = page_down(budget / (4 * (opt.threads + 4)));
+    if (!opt.max_size_given)
+      opt.max_size = std::max<uint64_t>(page_size(), std::min(opt.max_size, per_range));
+    if (!opt.max_bytes && std::getenv("MRC_MAX_BYTES") == nullptr) opt.max_bytes = budget / 2;
+    if (!opt.max_unreleased && std::getenv("MRC_MAX_UNRELEASED") == nullptr) {
+      opt.max_unreleased = budget / 8;
+    }
+    notes.push_back("RLIMIT_MEMLOCK is " + format_size(budget) +
+                    " and the process lacks CAP_IPC_LOCK: --max-size " + format_size(opt.max_size) +
+                    ", --max-bytes " + format_size(*opt.max_bytes) +
+                    " (raise `ulimit -l` for more)");
+  }
+  if (opt.min_size > opt.max_size) opt.min_size = opt.max_size;
+
+  // The oracle for this backend.
+  OracleKind oracle_kind = opt.oracle;
+  if (oracle_kind == OracleKind::kAuto) {
+    oracle_kind = opt.backend == Backend::kIouring ? OracleKind::kIouring
+                  : opt.backend == Backend::kVerbs ? OracleKind::kRdma
+                                                   : OracleKind::kPfn;
+  }
+  const bool oracle_fits =
+      oracle_kind == OracleKind::kNone || oracle_kind == OracleKind::kPfn ||
+      (oracle_kind == OracleKind::kIouring && opt.backend == Backend::kIouring) ||
+      (oracle_kind == OracleKind::kRdma && opt.backend == Backend::kVerbs);
+  if (!oracle_fits) {
+    std::fprintf(stderr, "mrcache-stress: --oracle %s needs --backend %s\n",
+                 oracle_name(oracle_kind),
+                 oracle_kind == OracleKind::kIouring ? "iouring" : "verbs");
+    return kExitUsage;
+  }
+  int pagemap_fd = -1;
+  if (oracle_kind == OracleKind::kPfn) {
+    std::string why;
+    if (!frames_visible(&why)) {
+      std::fprintf(stderr,
+                   "mrcache-stress: the pfn oracle cannot work here: %s.\n"
+                   "  Use the default backend (iouring: its oracle needs no privilege), run as "
+                   "root, or --oracle none (no proof at all).\n",
+                   why.c_str());
+      return kExitUsage;
+    }
+    pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    notes.push_back(
+        "pfn oracle: mappings get MADV_NOHUGEPAGE and MADV_DONTFORK (the null "
+        "backend pins nothing, so THP collapse or copy-on-write would move frames); "
+        "page migration by the kernel could still show as a false stale");
+  }
+
+  BackendSetup::Config backend_config;
+  backend_config.backend = opt.backend;
+  backend_config.fail_rate = opt.fail_rate;
+  backend_config.seed = opt.seed;
+  backend_config.pagemap_fd = pagemap_fd;
+  backend_config.rdma_device = opt.rdma_device;
+  if (backend_config.rdma_device.empty() && std::getenv("RXE_DEV0") != nullptr) {
+    backend_config.rdma_device = std::getenv("RXE_DEV0");
+  }
+  backend_config.gid_index = opt.gid_index;
+  std::string error;
+  std::unique_ptr<BackendSetup> backend = BackendSetup::create(backend_config, &error);
+  if (backend == nullptr) {
+    std::fprintf(stderr, "mrcache-stress: backend %s: %s\n", backend_name(opt.backend),
+                 error.c_str());
+    if (pagemap_fd >= 0) close(pagemap_fd);
+    return kExitUsage;
+  }
+  std::unique_ptr<Oracle> oracle;
+  switch (oracle_kind) {
+    case OracleKind::kIouring:
+      oracle = make_iouring_oracle(backend->iouring(), &backend->instrumented(), opt.check_pages);
+      break;
+    case OracleKind::kPfn:
+      oracle = make_pfn_oracle(&backend->instrumented(), pagemap_fd, opt.check_pages);
+      break;
+    case OracleKind::kRdma:
+      oracle = make_rdma_oracle(backend->verbs(), &backend->instrumented(), opt.check_pages);
+      break;
+    default: oracle = make_no_oracle(); break;
+  }
+  if (oracle_kind == OracleKind::kNone) {
+    notes.push_back(
+        "--oracle none: regions were not checked; this run proves nothing about "
+        "staleness");
+  }
+
+  Run run;
+  run.opt = opt;
+  run.seed = opt.seed;
+  run.out = &out;
+  run.backend = backend.get();
+  run.oracle = oracle.get();
+  run.injecting = opt.fail_rate > 0;
+  g_run = &run;
+  mrc_set_log_handler(&log_handler, nullptr);
+
+  mrc_cache_params_t params;
+  char env_error[256];
+  if (mrc_cache_params_init_checked(&params, env_error, sizeof env_error) != MRC_OK) {
+    std::fprintf(stderr, "mrcache-stress: %s\n", env_error);
+    mrc_set_log_handler(nullptr, nullptr);
+    return kExitUsage;
+  }
+  params.name = "mrcache-stress";
+  params.backend = backend->backend();
+  params.backend_ctx = backend->backend_ctx();
+  if (opt.max_regions) params.max_regions = *opt.max_regions;
+  if (opt.max_bytes) params.max_bytes = *opt.max_bytes;
+  if (opt.max_unreleased) params.max_unreleased = *opt.max_unreleased;
+  mrc_cache_t *cache = nullptr;
+  mrc_status_t status = mrc_cache_create(&params, &cache);
+  if (status != MRC_OK) {
+    std::fprintf(stderr, "mrcache-stress: mrc_cache_create: %s\n", mrc_status_string(status));
+    mrc_set_log_handler(nullptr, nullptr);
+    return kExitUsage;
+  }
+  run.cache = cache;
+  mrc_monitor_info_t monitor{};
+  if (mrc_monitor_info(&monitor) == MRC_OK) {
+    run.monitor_mode = monitor.mode_name != nullptr ? monitor.mode_name : "?";
+    summary.monitor_reason = monitor.reason;
+  } else {
+    run.monitor_mode = "unknown";
+  }
+  if (monitor.mode == MRC_MONITOR_UNCACHED) {
+    notes.push_back("the monitor runs uncached (" + summary.monitor_reason +
+                    "): every get registers and every last put deregisters; hits stay at 0");
+  }
+  if (std::getenv("MRC_TEST_DROP_EVENTS") != nullptr) {
+    notes.push_back(
+        "MRC_TEST_DROP_EVENTS is set: the monitor publishes no invalidation (a "
+        "deliberately broken cache); the oracle should report stale use");
+  }
+
+  const PoolConfig pool_config{opt.slots, opt.min_size, opt.max_size, opt.shared_fraction,
+                               oracle_kind == OracleKind::kPfn};
+  run.start_ns = now_ns();
+  backend->instrumented().set_origin(run.start_ns);
+  auto pool = std::make_unique<Pool>(pool_config, mix64(opt.seed), run.start_ns);
+  run.pool = pool.get();
+  run.next_fork_ns.store(
+      opt.fork_rate > 0 ? run.start_ns + static_cast<uint64_t>(1e9 / opt.fork_rate) : 0);
+  for (unsigned i = 0; i < opt.threads + opt.mutators; ++i) {
+    run.counters.push_back(std::make_unique<ThreadCounters>());
+  }
+
+  if (!opt.quiet) {
+    char head[512];
+    std::snprintf(head, sizeof head,
+                  "mrcache-stress %s: seed %llu, backend %s, oracle %s, monitor %s; %u workers, "
+                  "%u mutators, %u mappings of %s .. %s, %s",
+                  summary.version.c_str(), static_cast<unsigned long long>(opt.seed),
+                  backend_name(opt.backend), oracle->name(), run.monitor_mode.c_str(), opt.threads,
+                  opt.mutators, opt.slots, format_size(page_up(opt.min_size)).c_str(),
+                  format_size(opt.max_size).c_str(), format_duration(opt.duration_s).c_str());
+    out.line(head);
+    for (const std::string &note : notes) out.line("note: " + note);
+  }
+
+  struct sigaction action {};
+  action.sa_handler = &on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < opt.threads; ++i) threads.emplace_back(worker, std::ref(run), i);
+  for (unsigned i = 0; i < opt.mutators; ++i) threads.emplace_back(mutator, std::ref(run), i);
+
+  const double interval =
+      opt.progress_interval_s > 0 ? opt.progress_interval_s : (out.tty() ? 0.5 : 10.0);
+  double next_progress = interval;
+  uint64_t last_ops = 0;
+  double last_time = 0;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const double elapsed = run.elapsed_s();
+    if (g_interrupted.load(std::memory_order_relaxed)) {
+      summary.notes.push_back("interrupted by a signal after " + format_duration(elapsed));
+      run.stop.store(true, std::memory_order_relaxed);
+    }
+    if (elapsed >= opt.duration_s || run.stop.load(std::memory_order_relaxed)) break;
+    if (!opt.quiet && elapsed >= next_progress) {
+      const Totals totals = sum(run.all_counters());
+      mrc_stats_t stats{};
+      (void)mrc_cache_stats(cache, &stats);
+      const double rate = static_cast<double>(totals.ops - last_ops) / (elapsed - last_time);
+      out.progress(progress_text(elapsed, opt.duration_s, totals, stats, rate));
+      last_ops = totals.ops;
+      last_time = elapsed;
+      next_progress = elapsed + interval;
+    }
+  }
+  summary.stopped_early = run.stop.load(std::memory_order_relaxed);
+  run.stop.store(true, std::memory_order_relaxed);
+  for (std::thread &t : threads) t.join();
+  summary.duration_s = run.elapsed_s();
+  out.finish_progress();
+
+  // Statistics, then tear everything down and look for what was left behind.
+  (void)mrc_cache_stats(cache, &summary.cache);
+  int json_len = mrc_cache_stats_json(cache, nullptr, 0);
+  if (json_len > 0) {
+    std::string json(static_cast<size_t>(json_len) + 1, '\0');
+    json_len = mrc_cache_stats_json(cache, json.data(), json.size());
+    json.resize(static_cast<size_t>(std::max(json_len, 0)));
+    summary.cache_json = json;
+  }
+  mrc_cache_destroy(cache);
+  run.cache = nullptr;
+  summary.leaks = backend->leaks();
+  const uint64_t invalidates = sum(run.all_counters()).invalidates;
+  summary.invalidate_callbacks = run.invalidate_callbacks.load();
+  if (summary.invalidate_callbacks != invalidates) {
+    summary.leaks.push_back(std::to_string(invalidates - summary.invalidate_callbacks) +
+                            " mrc_invalidate completion callbacks never ran");
+  }
+  summary.registrations = backend->instrumented().registrations();
+  summary.deregistrations = backend->instrumented().deregistrations();
+  summary.injected_backend = backend->injected();
+  mrc_set_log_handler(nullptr, nullptr);
+  g_run = nullptr;
+  pool.reset();
+  oracle.reset();
+  backend.reset();
+  if (pagemap_fd >= 0) close(pagemap_fd);
+  for (std::string &leak : process_leaks(before, &notes)) summary.leaks.push_back(std::move(leak));
+
+  summary.seed = opt.seed;
+  summary.backend = backend_name(opt.backend);
+  summary.oracle = oracle_name(oracle_kind);
+  summary.monitor_mode = run.monitor_mode;
+  summary.requested_s = opt.duration_s;
+  summary.threads = opt.threads;
+  summary.mutators = opt.mutators;
+  summary.min_size = page_up(opt.min_size);
+  summary.max_size = opt.max_size;
+  summary.max_regions = params.max_regions;
+  summary.max_bytes = params.max_bytes;
+  summary.max_unreleased = params.max_unreleased;
+  summary.fail_rate = opt.fail_rate;
+  summary.totals = sum(run.all_counters());
+  summary.forks = run.forks.load();
+  summary.log_warnings = run.log_warnings.load();
+  summary.log_errors = run.log_errors.load();
+  // A library error message is an error of the run.
+  summary.totals.errors += summary.log_errors;
+  summary.stale_reports = run.stale_reports;
+  summary.errors = run.errors;
+  for (std::string &note : notes) summary.notes.push_back(std::move(note));
+
+  if (opt.quiet) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "mrcache-stress: %s: %llu ops in %s, %llu stale, %zu leaks, %llu errors, "
+                  "%llu injected failures (seed %llu, monitor %s)",
+                  summary.passed() ? "PASSED" : "FAILED",
+                  static_cast<unsigned long long>(summary.totals.ops),
+                  format_duration(summary.duration_s).c_str(),
+                  static_cast<unsigned long long>(summary.totals.stale), summary.leaks.size(),
+                  static_cast<unsigned long long>(summary.totals.errors),
+                  static_cast<unsigned long long>(summary.totals.injected),
+                  static_cast<unsigned long long>(summary.seed), summary.monitor_mode.c_str());
+    out.line(line);
+    for (const std::string &leak : summary.leaks) out.line("  leak: " + leak);
+  } else {
+    out.line(summary_table(summary));
+  }
+  if (!opt.json_path.empty()) {
+    std::ofstream file(opt.json_path);
+    file << summary_json(summary);
+    if (!file) {
+      std::fprintf(stderr, "mrcache-stress: cannot write %s\n", opt.json_path.c_str());
+      return kExitFailed;
+    }
+  }
+  return summary.passed() ? kExitPassed : kExitFailed;
+}
+
+}  // namespace
+}  // namespace stress
+
+int main(int argc, char **argv) {
+  try {
+    return stress::run_main(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mrcache-stress: %s\n", e.what());
+    return 2;
+  }
+}
