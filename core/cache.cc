@@ -36,8 +36,6 @@ size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
   return count;
 }
 
-void delete_region(void *region) noexcept { delete static_cast<Region *>(region); }
-
 }  // namespace
 
 // ---- the process's caches, for fork ----------------------------------------------------------
@@ -155,8 +153,8 @@ void Cache::destroy(Cache *cache) noexcept {
     Region *next = region->live_next;
     region->live_prev = region->live_next = nullptr;
     ++in_use;
-    region->refcount.store(0, std::memory_order_relaxed);
-    cache->retire(region);
+    region->refcount.store(Region::kDead, std::memory_order_relaxed);
+    cache->finish(region);
     region = next;
   }
   if (in_use != 0) {
@@ -167,7 +165,12 @@ void Cache::destroy(Cache *cache) noexcept {
     char buffer[4096];
     if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
   }
-  epoch_domain().synchronize();
+  epoch_domain().synchronize();  // every retired region is back in the pool
+  for (Region *region = cache->region_pool_.exchange(nullptr); region != nullptr;) {
+    Region *next = region->gc_next;
+    delete region;
+    region = next;
+  }
   delete cache;
 }
 
@@ -235,11 +238,16 @@ bool Cache::verify_pfns(Region *region) noexcept {
   pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);
   MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
                 region->start, region->end);
-  std::lock_guard lock(mutex_);
-  if (region->has(Region::kInTable)) {
-    invalidations_.fetch_add(1, std::memory_order_relaxed);
-    remove_locked(region);
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (region->has(Region::kInTable)) {
+      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      remove_locked(region);
+    }
+    deferred = take_deferred_locked();
   }
+  finish_all(deferred);
   return false;
 }
 
@@ -247,6 +255,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
   gets_slow_.fetch_add(1, std::memory_order_relaxed);
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
+  Region *deferred = nullptr;
   {
     std::lock_guard lock(mutex_);
     drain_locked();
@@ -266,8 +275,9 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
       misses_.fetch_add(1, std::memory_order_relaxed);
       status = register_locked(start, end, prot, &hit);
     }
+    deferred = take_deferred_locked();
   }
-  run_deferred();
+  finish_all(deferred);
   collect_garbage();
   if (status == MRC_OK) *out = hit;
   return status;
@@ -301,8 +311,7 @@ void Cache::drain_locked() noexcept {
       }
       while (garbage != nullptr) {
         Region *next = garbage->gc_next;
-        garbage->gc_next = deferred_;
-        deferred_ = garbage;
+        defer_locked(garbage);
         garbage = next;
       }
       garbage_bytes_.store(0, std::memory_order_relaxed);
@@ -352,11 +361,13 @@ void Cache::purge_locked(bool deregister) noexcept {
 }
 
 void Cache::purge(bool deregister) noexcept {
+  Region *deferred = nullptr;
   {
     std::lock_guard lock(mutex_);
     purge_locked(deregister);
+    deferred = take_deferred_locked();
   }
-  run_deferred();
+  finish_all(deferred);
 }
 
 void Cache::evict_locked() noexcept {
@@ -408,7 +419,7 @@ size_t Cache::evict_unused_locked() noexcept {
       live_regions_.fetch_sub(1, std::memory_order_relaxed);
       live_bytes_.fetch_sub(deferred->length(), std::memory_order_relaxed);
     }
-    deferred->gc_next = deferred_;  // the rest of retire() runs after the lock
+    deferred->gc_next = deferred_;  // the rest of finish() runs after the lock
     deferred_ = deferred;
     deferred = next;
   }
@@ -496,7 +507,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
                            &handle, &key);
   }
 
-  Region *region = new (std::nothrow) Region();
+  Region *region = allocate_region_locked();
   if (region == nullptr) {
     if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
     if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
@@ -512,7 +523,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
     if (!watched) {  // nothing would tell us when the memory changes: do not remember
-      delete region;
+      recycle_region(region);
       return status;
     }
     // Remember the failure until the memory changes, so a retry storm never reaches the backend.
@@ -624,50 +635,63 @@ void Cache::release(Region *region) noexcept {
 void Cache::collect_garbage() noexcept {
   if (garbage_.load(std::memory_order_relaxed) == nullptr) return;
   Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
+  {
+    std::lock_guard lock(mutex_);
+    for (Region *region = garbage; region != nullptr; region = region->gc_next) {
+      unlink_live_locked(region);
+    }
+  }
   while (garbage != nullptr) {
     Region *next = garbage->gc_next;
     garbage_bytes_.fetch_sub(garbage->length(), std::memory_order_relaxed);
-    retire(garbage);
+    finish(garbage);
     garbage = next;
   }
 }
 
+void Cache::unlink_live_locked(Region *region) noexcept {
+  if (region->live_prev != nullptr) {
+    region->live_prev->live_next = region->live_next;
+  } else if (live_head_ == region) {
+    live_head_ = region->live_next;
+  }
+  if (region->live_next != nullptr) region->live_next->live_prev = region->live_prev;
+  region->live_prev = region->live_next = nullptr;
+}
+
 void Cache::defer_locked(Region *region) noexcept {
+  unlink_live_locked(region);
   region->gc_next = deferred_;
   deferred_ = region;
 }
 
-void Cache::run_deferred() noexcept {
-  Region *deferred = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    deferred = deferred_;
-    deferred_ = nullptr;
-  }
-  while (deferred != nullptr) {
-    Region *next = deferred->gc_next;
-    retire(deferred);
-    deferred = next;
+Region *Cache::take_deferred_locked() noexcept {
+  Region *deferred = deferred_;
+  deferred_ = nullptr;
+  return deferred;
+}
+
+void Cache::finish_all(Region *list) noexcept {
+  while (list != nullptr) {
+    Region *next = list->gc_next;
+    finish(list);
+    list = next;
   }
 }
 
-// The end of a region: its count is zero and it is out of the table. Never under mutex_.
 void Cache::retire(Region *region) noexcept {
-  const uint32_t flags = region->flags.load(std::memory_order_acquire);
-  const bool forgotten = (flags & Region::kForgotten) != 0;
-  InvalidateCallback *callbacks = nullptr;
   {
     std::lock_guard lock(mutex_);
-    if (region->live_prev != nullptr) {
-      region->live_prev->live_next = region->live_next;
-    } else if (live_head_ == region) {
-      live_head_ = region->live_next;
-    }
-    if (region->live_next != nullptr) region->live_next->live_prev = region->live_prev;
-    region->live_prev = region->live_next = nullptr;
-    callbacks = region->callbacks;
-    region->callbacks = nullptr;
+    unlink_live_locked(region);
   }
+  finish(region);
+}
+
+// The end of a region: its count is zero, it is out of the table and off the live list, so no
+// one can add a callback any more. Never under mutex_ (the backend may munmap).
+void Cache::finish(Region *region) noexcept {
+  const uint32_t flags = region->flags.load(std::memory_order_acquire);
+  const bool forgotten = (flags & Region::kForgotten) != 0;
   if ((flags & Region::kRegistered) != 0) {
     if (!forgotten) {
       backend_.dereg(backend_ctx_, region->handle);
@@ -688,15 +712,43 @@ void Cache::retire(Region *region) noexcept {
   if ((flags & Region::kWatched) != 0 && !forgotten) {
     consumer_->unwatch(region->start, region->length());
   }
-  while (callbacks != nullptr) {
-    InvalidateCallback *next = callbacks->next;
-    callbacks->done(callbacks->arg);
-    delete callbacks;
-    callbacks = next;
+  for (InvalidateCallback *callback = region->callbacks; callback != nullptr;) {
+    InvalidateCallback *next = callback->next;
+    callback->done(callback->arg);
+    delete callback;
+    callback = next;
   }
+  region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
-  epoch_domain().retire(region, &delete_region);
+  epoch_domain().retire(region, &Cache::recycle_region);
+}
+
+Region *Cache::allocate_region_locked() noexcept {
+  Region *region = region_pool_.load(std::memory_order_acquire);
+  while (region != nullptr &&
+         !region_pool_.compare_exchange_weak(region, region->gc_next, std::memory_order_acquire,
+                                             std::memory_order_acquire)) {
+  }
+  if (region == nullptr) return new (std::nothrow) Region();
+  region_pool_size_.fetch_sub(1, std::memory_order_relaxed);
+  return new (region) Region();  // Region is trivially destructible: reuse the storage
+}
+
+void Cache::recycle_region(void *object) noexcept {
+  auto *region = static_cast<Region *>(object);
+  Cache *cache = region->cache;
+  if (cache == nullptr ||
+      cache->region_pool_size_.fetch_add(1, std::memory_order_relaxed) >= kRegionPoolMax) {
+    if (cache != nullptr) cache->region_pool_size_.fetch_sub(1, std::memory_order_relaxed);
+    delete region;
+    return;
+  }
+  Region *head = cache->region_pool_.load(std::memory_order_relaxed);
+  do {
+    region->gc_next = head;
+  } while (!cache->region_pool_.compare_exchange_weak(head, region, std::memory_order_release,
+                                                      std::memory_order_relaxed));
 }
 
 // ---- invalidate, statistics ---------------------------------------------------------------------
@@ -706,6 +758,7 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
     return MRC_ERR_INVALID;
   }
   InvalidateCallback *callback = nullptr;
+  Region *deferred = nullptr;
   if (done != nullptr) {
     callback = new (std::nothrow) InvalidateCallback{done, arg, nullptr};
     if (callback == nullptr) return MRC_ERR_NO_MEMORY;
@@ -720,8 +773,9 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
       invalidations_.fetch_add(1, std::memory_order_relaxed);
       remove_locked(region);
     }
+    deferred = take_deferred_locked();
   }
-  run_deferred();
+  finish_all(deferred);
   return MRC_OK;
 }
 

@@ -7,13 +7,13 @@
 // - Fast path (get_fast, any thread, no lock): consumer_->quiescent() (acquire: pairs with the
 //   monitor's release of `pending` and with this cache's release of its cursor in drain) →
 //   EpochGuard → page-table lookup (acquire loads of child pointers, pairs with the writer's
-//   release stores) → Region::try_acquire (CAS from non-zero: a region whose count reached zero
-//   is never resurrected) → flags check (an invalid region is put back and the slow path runs).
+//   release stores) → Region::try_acquire (one fetch_add; a count marked kDead is never used)
+//   → flags check (an invalid region is put back and the slow path runs).
 //   Because the cursor is released only after the removals of a batch are applied, a thread
 //   that sees the queue drained also sees those regions gone.
-// - Region memory is freed only through the epoch domain, after the region left the page table
-//   and its count reached zero, so a fast-path reader holding a stale pointer reads freed
-//   memory never.
+// - Region memory is recycled (pool) or freed only through the epoch domain, after the region
+//   left the page table and its count reached zero, so a fast-path reader holding a stale
+//   pointer never touches reused memory.
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
@@ -70,7 +70,7 @@ struct Region : PgtRegion, mrc_region {
   Region *lru_next = nullptr;
   Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
   Region *live_next = nullptr;
-  Region *gc_next = nullptr;                // the deferred-deregistration stacks
+  Region *gc_next = nullptr;  // the deferred-deregistration stacks, then the region pool
   InvalidateCallback *callbacks = nullptr;  // mutex_
   uint64_t *pfns = nullptr;                 // page frames recorded at registration
   size_t pfn_count = 0;
@@ -133,14 +133,23 @@ class Cache {
   void lru_insert_locked(Region *region) noexcept;
   void lru_remove_locked(Region *region) noexcept;
 
-  // Dropping references. release() is the one place a count reaches zero.
+  void purge_locked(bool deregister) noexcept;
+  void live_insert_locked(Region *region) noexcept;
+
+  // Dropping references. A region whose count reached zero is unlinked from the live list
+  // under mutex_ (defer_locked, or retire on the put path) and finished outside it.
   void release(Region *region) noexcept;
   void retire(Region *region) noexcept;
   void defer_locked(Region *region) noexcept;
-  void run_deferred() noexcept;
-  void purge_locked(bool deregister) noexcept;
-  void live_insert_locked(Region *region) noexcept;
+  Region *take_deferred_locked() noexcept;
+  void finish_all(Region *list) noexcept;
+  void finish(Region *region) noexcept;
+  void unlink_live_locked(Region *region) noexcept;
   void collect_garbage() noexcept;
+  // Region memory: recycled through a bounded pool once the epoch domain says no reader can
+  // still see it (pushed by any thread, popped under mutex_ only: no ABA).
+  Region *allocate_region_locked() noexcept;
+  static void recycle_region(void *region) noexcept;
 
   char name_[64] = "mrcache";
   mrc_backend_t backend_{};  // the caller's ops, completed with not-supported defaults
@@ -175,6 +184,10 @@ class Cache {
       invalidations_{0}, registrations_{0}, deregistrations_{0}, evictions_{0},
       registration_failures_{0}, uncacheable_{0}, pfn_mismatches_{0}, purges_{0};
   std::atomic<uint64_t> size_histogram_[64] = {};
+
+  static constexpr uint64_t kRegionPoolMax = 4096;
+  std::atomic<Region *> region_pool_{nullptr};
+  std::atomic<uint64_t> region_pool_size_{0};
 
   Cache *fork_next_ = nullptr;  // the process's list of caches (fork handling)
   friend struct CacheRegistry;

@@ -242,7 +242,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
     if (e.state == kEntryFree) continue;
     unsigned clients = 0;
     for (uint64_t w : e.clients) clients += static_cast<unsigned>(__builtin_popcountll(w));
-    fmt::format_to(o, "    {:<24} {:#016x} {:>12} {:>6} {:>8}  ", e.name,
+    fmt::format_to(o, "    {:<24} {:<#16x} {:>12} {:>6} {:>8}  ", e.name,
                    root.base + e.va_offset + e.data_offset, e.data_size, e.va_pages, clients);
     flag_names(out, e.flags, false);
     if (e.state != kEntryReady) fmt::format_to(o, " ({})", state_name(e.state));

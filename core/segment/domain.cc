@@ -74,7 +74,7 @@ struct Resolved {
 inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline void commit() noexcept { std::atomic_signal_fence(std::memory_order_seq_cst); }
 
-mrc_status_t resolve(const mrc_seg_domain_params_t *p, Resolved *r) {
+mrc_status_t resolve(const mrc_seg_domain_params_t *p, bool observer, Resolved *r) {
   if (p == nullptr) return fail(MRC_ERR_INVALID, "params is NULL");
   const char *prefix = p->prefix != nullptr ? p->prefix : "mrcache";
   if (!valid_name(prefix)) {
@@ -104,6 +104,11 @@ mrc_status_t resolve(const mrc_seg_domain_params_t *p, Resolved *r) {
     }
     r->accept_lo = p->base;
     r->accept_hi = p->base + r->want_size;
+  } else if (observer && p->size == 0) {
+    // An observer maps nothing at the window, so it need not trust where the window is: it
+    // accepts any window in user space unless told which one to expect.
+    r->accept_lo = 0;
+    r->accept_hi = kUserTop;
   } else {
     if (r->want_size > kDefaultWindow.hi - kDefaultWindow.lo) {
       return fail(MRC_ERR_INVALID, "window size {:#x} exceeds the default range: set a base",
@@ -626,6 +631,15 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
     d->size = 0;
     drop();
   };
+  if (observer) {
+    // No lock: looking must work (and change nothing) while a live process holds the lock or
+    // its owner died. A racy read of `state` is enough to say "being torn down".
+    if (std::atomic_ref<uint32_t>(root->state).load(std::memory_order_relaxed) == kDomainDead) {
+      undo();
+      return fail(MRC_ERR_NOT_FOUND, "no domain under prefix {} (being removed)", r.prefix);
+    }
+    return MRC_OK;
+  }
   st = lock_domain(d, nullptr);
   if (st != MRC_OK) {
     undo();
@@ -636,18 +650,15 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
     if (same_file(fd, r.root_name)) shm_unlink(r.root_name);
     unlock_domain(d);
     undo();
-    if (observer) return fail(MRC_ERR_NOT_FOUND, "no domain under prefix {}", r.prefix);
     *retry = true;
     return MRC_OK;
   }
-  if (!observer) {
-    d->slot = claim_slot_locked(d);
-    if (d->slot < 0) {
-      unlock_domain(d);
-      undo();
-      return fail(MRC_ERR_NO_MEMORY, "all {} client slots of domain {} are taken", kMaxClients,
-                  r.prefix);
-    }
+  d->slot = claim_slot_locked(d);
+  if (d->slot < 0) {
+    unlock_domain(d);
+    undo();
+    return fail(MRC_ERR_NO_MEMORY, "all {} client slots of domain {} are taken", kMaxClients,
+                r.prefix);
   }
   unlock_domain(d);
   return MRC_OK;
@@ -658,7 +669,7 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
   clear_error();
   if (out == nullptr) return fail(MRC_ERR_INVALID, "out is NULL");
   Resolved r{};
-  mrc_status_t st = resolve(params, &r);
+  mrc_status_t st = resolve(params, observer, &r);
   if (st != MRC_OK) return st;
 
   pthread_once(&g_atfork_once, install_atfork);
@@ -1583,8 +1594,9 @@ mrc_status_t mrc_seg_domain_remove(const mrc_seg_domain_params_t *params, unsign
   const bool open_here = d->refs > 1;  // this process holds the domain open elsewhere
   pthread_mutex_unlock(&d->mu);
   unsigned total = 0;
+  const bool created = d->created;  // then the root was not there before this call
   const mrc_status_t close_st = release_domain(d, &total);  // last out: removes the root
-  if (!open_here && total > before) count = total - before;
+  if (!open_here && total > before) count = total - before - (created ? 1U : 0U);
   if (removed != nullptr) *removed = count;
   if (st != MRC_OK) return st;
   if (close_st != MRC_OK) return close_st;
