@@ -6,7 +6,7 @@
 mrc_label_targets() {
   local build
   build=$(realpath "$1")
-  ctest --test-dir "$build" -L "^$2\$" --show-only=json-v1 2>/dev/null |
+  ctest --test-dir "$build" -L "(^|,)$2(,|$)" --show-only=json-v1 2>/dev/null |
     tr -d '\n' | grep -oE '"command" *: *\[ *"[^"]+"' | sed -E 's/.*"([^"]+)"$/\1/' |
     grep -F "$build/" | xargs -r -n 1 basename | sort -u
 }
