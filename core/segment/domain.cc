@@ -740,16 +740,14 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
 // Leaves the domain: the caller holds the registry mutex (clients) and nothing else.
 // *unlinked: files this process unlinked over the handle's life.
 mrc_status_t close_domain_locked(mrc_seg_domain *d, unsigned *unlinked) {
-  if (d->root != nullptr && !d->forked) {
-    const bool locked = lock_domain(d, nullptr) == MRC_OK;
-    if (locked) {
-      if (!d->observer && d->slot >= 0) {
-        release_slot_locked(d, static_cast<unsigned>(d->slot));
-        ofd_unlock(d->fd, kPresenceLockOffset + d->slot);
-        d->slot = -1;
-        reap_dead_locked(d);
-        if (live_clients_locked(d) == 0) teardown_domain_locked(d);
-      }
+  // An observer holds nothing in the domain: it leaves without the lock.
+  if (d->root != nullptr && !d->forked && !d->observer && d->slot >= 0) {
+    if (lock_domain(d, nullptr) == MRC_OK) {
+      release_slot_locked(d, static_cast<unsigned>(d->slot));
+      ofd_unlock(d->fd, kPresenceLockOffset + d->slot);
+      d->slot = -1;
+      reap_dead_locked(d);
+      if (live_clients_locked(d) == 0) teardown_domain_locked(d);
       unlock_domain(d);
     }
     // Without the lock (a live holder hung), our presence lock still goes away with our

@@ -57,8 +57,9 @@ MRC_API void mrc_seg_domain_params_init(mrc_seg_domain_params_t *params);
 MRC_API mrc_status_t mrc_seg_domain_open(const mrc_seg_domain_params_t *params,
                                          mrc_seg_domain_t **out);
 /* Attach as an observer (what mrcache-seg does): no client slot, no window; describe, info,
- * check, scan, repair and remove work, mrc_seg_open does not. MRC_ERR_NOT_FOUND when there is no
- * domain under that prefix. */
+ * check, scan, repair and remove work, mrc_seg_open does not. With base and size 0 it accepts a
+ * window anywhere (it maps nothing there). MRC_ERR_NOT_FOUND when there is no domain under that
+ * prefix. */
 MRC_API mrc_status_t mrc_seg_domain_inspect(const mrc_seg_domain_params_t *params,
                                             mrc_seg_domain_t **out);
 /* Remove clients that died (their presence lock was released by the kernel), and the segments

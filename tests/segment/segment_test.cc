@@ -498,6 +498,7 @@ TEST_F(SegTest, CheckFindsOrphanFilesAndRemoveAllClearsThem) {
   const mrc_seg_domain_params_t p = params();
   unsigned removed = 0;
   EXPECT_EQ(mrc_seg_domain_remove(&p, &removed), MRC_OK) << mrc_seg_last_error();
+  EXPECT_EQ(removed, 0u);
   EXPECT_TRUE(shm_files(prefix_).empty());
 }
 

@@ -1,0 +1,156 @@
+// mrcache-seg against live domains: show (text and JSON), scan, repair, remove NAME, remove --all,
+// and its exit codes.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "mrcache/mrcache.h"
+#include "seg_test_util.h"
+
+namespace {
+
+using segtest::Child;
+using segtest::shm_files;
+
+struct ToolRun {
+  int status;
+  std::string out;
+};
+
+ToolRun tool(const std::string &args) {
+  const std::string cmd = std::string(MRC_SEG_TOOL) + " " + args + " 2>&1";
+  FILE *f = popen(cmd.c_str(), "r");
+  if (f == nullptr) throw std::runtime_error("popen");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+class Tool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = segtest::unique_prefix("tool");
+    children_.reserve(8);
+  }
+  void TearDown() override {
+    children_.clear();
+    segtest::remove_shm(prefix_);
+  }
+  Child &spawn(const std::string &cmd, std::vector<std::string> extra) {
+    std::vector<std::string> a{cmd, "prefix=" + prefix_, "timeout=10000"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    children_.push_back(Child::spawn(a));
+    return children_.back();
+  }
+  std::string p() const { return "--prefix " + prefix_ + " "; }
+  std::string prefix_;
+  std::vector<Child> children_;
+};
+
+TEST_F(Tool, ShowScanRemove) {
+  Child &a = spawn("join", {"seg=kept", "segsize=1048576", "flags=1", "hold=1"});
+  a.expect("ok");
+  Child &b = spawn("join", {"seg=dying", "segsize=65536", "hold=1"});
+  b.expect("ok");
+  const pid_t dead = b.pid();
+  b.kill9();
+
+  ToolRun r = tool(p() + "show --verbose");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("domain " + prefix_), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kept"), std::string::npos);
+  EXPECT_NE(r.out.find("heap: 0 of 1048576 bytes used"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dead"), std::string::npos) << r.out;
+
+  r = tool(p() + "--json show");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["domains"].size(), 1u);
+  auto &dom = j["domains"][0];
+  EXPECT_EQ(dom["prefix"], prefix_);
+  ASSERT_EQ(dom["clients"].size(), 2u);
+  for (auto &c : dom["clients"]) {
+    EXPECT_EQ(c["alive"], c["pid"] != dead) << c.dump();
+  }
+  EXPECT_EQ(dom["segments"].size(), 2u);
+
+  // Without --prefix, show lists every domain, ours among them.
+  r = tool("--json show");
+  ASSERT_EQ(r.status, 0) << r.out;
+  bool found = false;
+  const auto all = nlohmann::json::parse(r.out);
+  for (const auto &d : all["domains"]) found |= d["prefix"] == prefix_;
+  EXPECT_TRUE(found) << r.out;
+
+  r = tool(p() + "--json scan");
+  ASSERT_EQ(r.status, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["domains"][0]["clients_removed"], 1);
+  EXPECT_EQ(j["domains"][0]["segments_removed"], 1);
+  EXPECT_EQ(shm_files(prefix_).size(), 2u);
+
+  r = tool(p() + "remove kept");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("open in 1 live processes"), std::string::npos) << r.out;
+  r = tool(p() + "remove nothing");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("no segment nothing"), std::string::npos) << r.out;
+  r = tool(p() + "--json remove --all");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("live processes still use"), std::string::npos) << r.out;
+  EXPECT_EQ(shm_files(prefix_).size(), 2u);
+
+  a.kill9();
+  r = tool(p() + "--json remove --all");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["files_removed"], 2);
+  EXPECT_TRUE(shm_files(prefix_).empty());
+  r = tool(p() + "show");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("no domain under prefix"), std::string::npos) << r.out;
+}
+
+TEST_F(Tool, RepairRecoversALockWhoseOwnerDied) {
+  Child &a = spawn("join", {"seg=data", "segsize=65536", "hold=1"});
+  a.expect("ok");
+  Child &h = spawn("holdlock", {"state=creating"});
+  h.expect("locked");
+  ToolRun r = tool(p() + "show");
+  EXPECT_NE(r.out.find("lock: held by thread " + std::to_string(h.pid())), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(creating)"), std::string::npos) << r.out;
+  h.kill9();
+  r = tool(p() + "show");
+  EXPECT_NE(r.out.find("owner died"), std::string::npos) << r.out;
+  EXPECT_EQ(shm_files(prefix_).size(), 3u);  // root, data, the half-made segment
+  r = tool(p() + "--json repair");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["domains"][0]["locks_recovered"], 1);
+  EXPECT_EQ(j["domains"][0]["consistent"], true);
+  EXPECT_EQ(shm_files(prefix_).size(), 2u);
+  r = tool(p() + "repair");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("0 locks recovered"), std::string::npos) << r.out;
+  a.finish_input();
+  EXPECT_EQ(a.wait(), 0);
+  EXPECT_TRUE(shm_files(prefix_).empty());
+}
+
+TEST_F(Tool, UsageErrors) {
+  EXPECT_EQ(tool("").status, 2);
+  EXPECT_EQ(tool("frobnicate").status, 2);
+  EXPECT_EQ(tool("--prefix a/b show").status, 2);
+  EXPECT_EQ(tool("remove --all").status, 2);  // remove needs --prefix
+  EXPECT_EQ(tool(p() + "remove").status, 2);
+  EXPECT_EQ(tool(p() + "remove x --all").status, 2);
+  EXPECT_EQ(tool("--help").status, 0);
+}
+
+}  // namespace

@@ -1,0 +1,279 @@
+// mrcache-seg: list, inspect, scan, repair and remove shared-segment domains (like VPP's
+// svmtool).
+//
+//   mrcache-seg [--prefix P] [--json] show [--verbose]
+//   mrcache-seg [--prefix P] [--json] scan
+//   mrcache-seg [--prefix P] [--json] repair
+//   mrcache-seg  --prefix P  [--json] remove NAME | remove --all
+//
+// Without --prefix, show/scan/repair act on every domain found in /dev/shm ("<prefix>:root").
+// The tool attaches as an observer (no client slot, no window reservation), except remove
+// --all, which joins for a moment so that it can tear the domain down as its last client.
+// Exit status: 0 success, 1 a command failed (or a domain is busy), 2 bad usage.
+//
+// SYNCHRONIZATION: single-threaded; every shared-memory access goes through the library (its
+// locks and its repair rules apply: a live lock holder is waited for, never forced out).
+#include <dirent.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "mrcache/mrcache.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct Options {
+  std::string prefix;
+  bool json = false;
+  bool verbose = false;
+  bool all = false;
+  std::string name;
+  uint64_t base = 0;
+  uint64_t size = 0;
+  unsigned timeout_ms = 2000;
+};
+
+bool valid_prefix(const std::string &p) {
+  if (p.empty() || p.size() > 63 || p == "." || p == "..") return false;
+  for (char c : p) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every domain with a root file in /dev/shm.
+std::vector<std::string> find_domains() {
+  std::vector<std::string> out;
+  DIR *dir = opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  while (dirent *e = readdir(dir)) {
+    const std::string n = e->d_name;
+    const std::string suffix = ":root";
+    if (n.size() > suffix.size() &&
+        n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string prefix = n.substr(0, n.size() - suffix.size());
+      if (valid_prefix(prefix)) out.push_back(prefix);
+    }
+  }
+  closedir(dir);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+mrc_seg_domain_params_t params_for(const Options &o, const std::string &prefix) {
+  mrc_seg_domain_params_t p;
+  mrc_seg_domain_params_init(&p);
+  p.prefix = prefix.c_str();
+  p.base = o.base;
+  p.size = o.size;
+  p.join_timeout_ms = o.timeout_ms;
+  return p;
+}
+
+std::string error_text(mrc_status_t st) {
+  std::string e = mrc_status_string(st);
+  const char *why = mrc_seg_last_error();
+  if (why != nullptr && why[0] != '\0') e += std::string(": ") + why;
+  return e;
+}
+
+// An observer handle, closed on scope exit.
+class Observer {
+ public:
+  Observer(const Options &o, const std::string &prefix) {
+    const mrc_seg_domain_params_t p = params_for(o, prefix);
+    status_ = mrc_seg_domain_inspect(&p, &domain_);
+    if (status_ != MRC_OK) error_ = error_text(status_);
+  }
+  ~Observer() {
+    if (domain_ != nullptr) (void)mrc_seg_domain_close(domain_);
+  }
+  Observer(const Observer &) = delete;
+  Observer &operator=(const Observer &) = delete;
+  bool ok() const { return status_ == MRC_OK; }
+  const std::string &error() const { return error_; }
+  mrc_seg_domain_t *get() const { return domain_; }
+
+ private:
+  mrc_seg_domain_t *domain_ = nullptr;
+  mrc_status_t status_ = MRC_OK;
+  std::string error_;
+};
+
+std::string describe(mrc_seg_domain_t *d, unsigned flags) {
+  const int n = mrc_seg_domain_describe(d, flags, nullptr, 0);
+  if (n < 0) throw std::runtime_error(error_text(static_cast<mrc_status_t>(n)));
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  const int m = mrc_seg_domain_describe(d, flags, out.data(), out.size());
+  out.resize(static_cast<size_t>(std::min(n, m)));
+  return out;
+}
+
+// Runs `fn(prefix)` for the chosen domains; collects JSON results or prints text.
+template <class Fn>
+int for_each_domain(const Options &o, Fn fn) {
+  std::vector<std::string> prefixes;
+  if (!o.prefix.empty()) {
+    prefixes.push_back(o.prefix);
+  } else {
+    prefixes = find_domains();
+  }
+  int rc = 0;
+  json results = json::array();
+  for (const std::string &prefix : prefixes) {
+    json r = fn(prefix);
+    if (r.contains("error")) rc = 1;
+    if (o.json) {
+      results.push_back(r);
+    } else if (r.contains("text")) {
+      std::cout << r["text"].get<std::string>();
+    } else if (r.contains("error")) {
+      std::cerr << "mrcache-seg: " << prefix << ": " << r["error"].get<std::string>() << "\n";
+    }
+  }
+  if (o.json) {
+    std::cout << json{{"domains", results}}.dump(2) << "\n";
+  } else if (prefixes.empty()) {
+    std::cout << "no mrcache domain in /dev/shm\n";
+  }
+  return rc;
+}
+
+int cmd_show(const Options &o) {
+  return for_each_domain(o, [&](const std::string &prefix) -> json {
+    Observer d(o, prefix);
+    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    const unsigned flags = o.verbose ? static_cast<unsigned>(MRC_SEG_DESCRIBE_VERBOSE) : 0U;
+    if (o.json) return json::parse(describe(d.get(), flags | MRC_SEG_DESCRIBE_JSON));
+    return {{"prefix", prefix}, {"text", describe(d.get(), flags)}};
+  });
+}
+
+int cmd_scan(const Options &o) {
+  return for_each_domain(o, [&](const std::string &prefix) -> json {
+    Observer d(o, prefix);
+    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    mrc_seg_domain_info_t before{}, after{};
+    mrc_status_t st = mrc_seg_domain_info(d.get(), &before);
+    if (st == MRC_OK) st = mrc_seg_domain_scan(d.get());
+    if (st == MRC_OK) st = mrc_seg_domain_info(d.get(), &after);
+    if (st != MRC_OK) return {{"prefix", prefix}, {"error", error_text(st)}};
+    const uint64_t reaped = after.clients_reaped - before.clients_reaped;
+    const unsigned segments_gone = before.segments - after.segments;
+    json r{{"prefix", prefix},
+           {"clients_removed", reaped},
+           {"segments_removed", segments_gone},
+           {"clients", after.clients},
+           {"segments", after.segments}};
+    r["text"] = prefix + ": removed " + std::to_string(reaped) + " dead clients and " +
+                std::to_string(segments_gone) + " segments; " + std::to_string(after.clients) +
+                " clients and " + std::to_string(after.segments) + " segments remain\n";
+    if (o.json) r.erase("text");
+    return r;
+  });
+}
+
+int cmd_repair(const Options &o) {
+  return for_each_domain(o, [&](const std::string &prefix) -> json {
+    Observer d(o, prefix);
+    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    unsigned repaired = 0;
+    const mrc_status_t st = mrc_seg_domain_repair(d.get(), &repaired);
+    json r{{"prefix", prefix}, {"locks_recovered", repaired}};
+    if (st != MRC_OK) {
+      r["error"] = error_text(st);
+      return r;
+    }
+    r["consistent"] = true;
+    if (!o.json) {
+      r["text"] = prefix + ": " + std::to_string(repaired) +
+                  " locks recovered from dead owners; domain and heaps consistent\n";
+    }
+    return r;
+  });
+}
+
+int cmd_remove(const Options &o) {
+  if (o.prefix.empty()) throw CLI::ValidationError("remove", "needs --prefix");
+  json r{{"prefix", o.prefix}};
+  mrc_status_t st = MRC_OK;
+  if (o.all) {
+    const mrc_seg_domain_params_t p = params_for(o, o.prefix);
+    unsigned removed = 0;
+    st = mrc_seg_domain_remove(&p, &removed);
+    r["files_removed"] = removed;
+  } else {
+    Observer d(o, o.prefix);
+    if (!d.ok()) {
+      r["error"] = d.error();
+    } else {
+      st = mrc_seg_remove(d.get(), o.name.c_str());
+      r["segment"] = o.name;
+      if (st != MRC_OK) r["error"] = error_text(st);  // before the handle's close resets it
+    }
+  }
+  if (st != MRC_OK && !r.contains("error")) r["error"] = error_text(st);
+  if (o.json) {
+    std::cout << r.dump(2) << "\n";
+  } else if (r.contains("error")) {
+    std::cerr << "mrcache-seg: " << o.prefix << ": " << r["error"].get<std::string>() << "\n";
+  } else if (o.all) {
+    std::cout << o.prefix << ": removed " << r["files_removed"].get<unsigned>()
+              << " files; nothing of the domain is left\n";
+  } else {
+    std::cout << o.prefix << ": removed segment " << o.name << "\n";
+  }
+  return r.contains("error") ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  CLI::App app{
+      "mrcache-seg: list, inspect, scan, repair and remove mrcache shared-segment "
+      "domains"};
+  app.require_subcommand(1);
+  app.add_option("--prefix", o.prefix, "the domain's name space (default: every domain found)")
+      ->check([](const std::string &p) {
+        return valid_prefix(p) ? std::string() : std::string("1..63 characters of [A-Za-z0-9._-]");
+      });
+  app.add_flag("--json", o.json, "print JSON");
+  app.add_option("--base", o.base, "expect the window at this address (default: anywhere)");
+  app.add_option("--size", o.size, "expect a window of this size");
+  app.add_option("--timeout", o.timeout_ms, "milliseconds to wait for a creator or a lock");
+  CLI::App *show = app.add_subcommand("show", "describe domains and their segments");
+  show->add_flag("--verbose,-v", o.verbose, "generations, files, client slots, heap counters");
+  app.add_subcommand("scan", "remove clients that died, and segments only they used");
+  app.add_subcommand("repair",
+                     "recover locks whose owner died (never one a live process holds), remove "
+                     "dead clients and orphan files, check the domain and every heap");
+  CLI::App *remove = app.add_subcommand("remove", "remove a segment, or the whole domain");
+  remove->add_option("name", o.name, "the segment to remove");
+  remove->add_flag("--all", o.all, "every segment no live process uses, then the domain");
+  try {
+    app.parse(argc, argv);
+    if (remove->parsed() && o.all == !o.name.empty()) {
+      throw CLI::ValidationError("remove", "give a segment NAME or --all");
+    }
+    if (show->parsed()) return cmd_show(o);
+    if (app.got_subcommand("scan")) return cmd_scan(o);
+    if (app.got_subcommand("repair")) return cmd_repair(o);
+    if (remove->parsed()) return cmd_remove(o);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::exception &e) {
+    std::cerr << "mrcache-seg: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
