@@ -8,7 +8,7 @@
 # 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
 #    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
 #    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only the
-#    test programs and mrcache-stress are built.
+#    test programs labelled verbs and mrcache-stress are built.
 # 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
 # 4. In the guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs).
@@ -52,13 +52,24 @@ configure_build_dir() {
     -DMRC_WITH_VERBS=ON
 }
 
-# Every program under tests/ (which of them carry the verbs label is known only after they are
-# built and their tests discovered) and mrcache-stress when it exists. Benchmarks, header checks
-# and the other tools are not this lane's job.
+# What the guest runs, and nothing else (benchmarks, header checks, other tools and tests are
+# not this lane's job): the GoogleTest programs whose tests carry the verbs label, found on their
+# post-build discovery command (-D "TEST_PROPERTIES=LABELS;backend,verbs"), plus mrcache-stress.
+# When no program is found that way (a label mechanism this does not know), every program under
+# tests/ is built: slower, never wrong, and ctest still fails when it selects nothing.
 needed_targets() {
-  ninja -C "$BUILD" -t targets all | awk -F': ' '
+  local programs verbs
+  programs=$(ninja -C "$BUILD" -t targets all | awk -F': ' '
     $2 ~ /^(C|CXX)_EXECUTABLE_LINKER__/ && $1 !~ /_tests\.cmake$/ &&
-      ($1 ~ /^tests\// || $1 ~ /(^|\/)mrcache-stress$/) { print $1 }' | sort -u
+      ($1 ~ /^tests\// || $1 ~ /(^|\/)mrcache-stress$/) { print $1 }' | sort -u)
+  verbs=$(grep -oE -- '-D TEST_TARGET=[^ ]+ .*-D "TEST_PROPERTIES=LABELS;([^"]*[;,])?verbs[,;"]' \
+    "$BUILD/build.ninja" | sed -E 's/^-D TEST_TARGET=([^ ]+) .*/\1/' | sort -u || true)
+  if [ -n "$verbs" ]; then
+    echo "$verbs"
+    grep -E '(^|/)mrcache-stress$' <<<"$programs" || true
+  else
+    echo "$programs"
+  fi
 }
 
 project_build() {
