@@ -3,12 +3,12 @@
 // SYNCHRONIZATION
 //   g_maps[i].mutex guards g_maps[i].fd. A few descriptors are kept so that concurrent callers
 //   rarely wait for each other; one ioctl at a time per descriptor, because some kernels between
-//   6.16 and 6.18 kept PROCMAP_QUERY's locking state in the open file. Callers take any free
-//   slot with try_lock, else wait on one. The fork handlers (monitor.cc) take every slot mutex
-//   before fork and, in the child, close the descriptors: an inherited /proc/self/maps still
-//   describes the parent's address space.
-//   g_procmap_unsupported and g_force_fallback are relaxed flags: a stale read only costs one
-//   more failed ioctl or one more parse.
+//   6.16 and 6.18 kept PROCMAP_QUERY's locking state in the open file. Callers take the first
+//   free slot with try_lock, else wait on one chosen round-robin. The fork handlers (monitor.cc)
+//   take every slot mutex before fork and, in the child, close the descriptors: an inherited
+//   /proc/self/maps still describes the parent's address space. g_procmap_unsupported and
+//   g_force_fallback are relaxed flags: a stale read only costs one more failed ioctl or one more
+//   parse.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -219,14 +219,13 @@ mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
   if (out == nullptr) return MRC_ERR_INVALID;
   if (!g_procmap_unsupported.load(std::memory_order_relaxed) &&
       !g_force_fallback.load(std::memory_order_relaxed)) {
-    const unsigned first = g_maps_next.fetch_add(1, std::memory_order_relaxed) % kMapsSlots;
+    // The first free slot: a single-threaded process keeps using (and opening) one descriptor.
     MapsSlot *slot = nullptr;
     for (unsigned i = 0; i < kMapsSlots && slot == nullptr; ++i) {
-      MapsSlot &candidate = g_maps[(first + i) % kMapsSlots];
-      if (candidate.mutex.try_lock()) slot = &candidate;
+      if (g_maps[i].mutex.try_lock()) slot = &g_maps[i];
     }
     if (slot == nullptr) {
-      slot = &g_maps[first];
+      slot = &g_maps[g_maps_next.fetch_add(1, std::memory_order_relaxed) % kMapsSlots];
       slot->mutex.lock();
     }
     std::unique_lock<std::mutex> hold(slot->mutex, std::adopt_lock);

@@ -19,11 +19,13 @@
 #include <liburing.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -132,6 +134,7 @@ struct MonitorState {
 namespace {
 
 constinit MonitorState g;
+std::atomic<bool> g_paused{false};  // testing::pause_monitor
 std::atomic<bool> g_said_uncached{false};
 pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
@@ -431,6 +434,10 @@ void service(MonitorRun *run) noexcept {
   uffd_msg messages[kBatch];
   uint64_t fault_address[kBatch];
   uint64_t fault_flags[kBatch];
+  while (g_paused.load(std::memory_order_relaxed)) {
+    const timespec tick{0, 1000000};
+    nanosleep(&tick, nullptr);
+  }
   for (;;) {
     run->queue->begin_batch();
     ssize_t n;
@@ -669,7 +676,7 @@ void start_locked() noexcept {
   }
   if (failed == nullptr) {
     const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    g.stack_bytes = kStackBytes + guard;
+    g.stack_bytes = guard + kStackBytes + guard;
     // Our own, populated stack: in MISSING mode the monitor must never fault on watched memory,
     // and a recycled thread stack could have been watched by its previous owner.
     g.stack = mmap(nullptr, g.stack_bytes, PROT_READ | PROT_WRITE,
@@ -678,10 +685,12 @@ void start_locked() noexcept {
       g.stack = nullptr;
       failed = "cannot allocate the monitor's stack";
     } else {
+      // Guard pages at both ends, and a VMA flag of its own: the kernel must never merge an
+      // application's adjacent mapping into the stack's VMA (watch() refuses our own memory).
+      // Not MADV_DONTFORK: glibc's thread list, walked in a forked child, lives on this stack.
       (void)mprotect(g.stack, guard, PROT_NONE);
-      // Not copied into a forked child (no thread runs on it there), and never merged with an
-      // adjacent application mapping (see InvalidationQueue::allocate).
-      (void)madvise(g.stack, g.stack_bytes, MADV_DONTFORK);
+      (void)mprotect(static_cast<char *>(g.stack) + guard + kStackBytes, guard, PROT_NONE);
+      (void)madvise(static_cast<char *>(g.stack) + guard, kStackBytes, MADV_NOHUGEPAGE);
     }
   }
   if (failed == nullptr && !g.force_poll.load(std::memory_order_relaxed)) {
@@ -757,8 +766,30 @@ void stop_locked() noexcept {
   g.needs_start = false;
 }
 
+// Returns once no unmap, remap or madvise of watched memory is in flight: one ioctl when
+// nothing is.
+//
+// Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
+// mmap lock; until the monitor reads it, another thread may already have mapped new memory at
+// the same addresses. A piece that still looks armed would then answer a watch of that new,
+// unregistered memory without registering it, and its later munmap would go unseen. The kernel
+// counts such operations in ctx->mmap_changing, from inside the mmap lock until the event has
+// been read, and UFFDIO_ZEROPAGE checks that counter before anything else: with an empty range
+// the answer is EAGAIN while one is in flight, EINVAL otherwise, and no lock is taken. Once it
+// is EINVAL, every such operation that happened before this call has been read, hence (pending
+// protocol) is visible to a drain that waits for `pending` to fall.
+void wait_for_unmaps_in_flight(int uffd) noexcept {
+  if (uffd < 0) return;
+  for (unsigned attempt = 0;; ++attempt) {
+    uffdio_zeropage probe{};
+    if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0 || errno != EAGAIN) return;
+    if (attempt >= 16) sched_yield();  // the monitor needs the CPU to read the event
+  }
+}
+
 // Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away.
 void sync_watches_locked() noexcept {
+  wait_for_unmaps_in_flight(g.uffd);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
       if (record.kind != InvalidationKind::Remove) g.watches.disarm(record.start, record.end);
@@ -794,6 +825,7 @@ void after_fork_in_child() noexcept {
   MonitorState::attach(&g.internal, g.queue.head());
   g.events.store(0, std::memory_order_relaxed);
   g.needs_start = g.subscribers > 0;
+  g_said_uncached.store(false, std::memory_order_relaxed);  // once per process: a new one
   g.mutex.unlock();
 }
 
@@ -858,6 +890,12 @@ void Consumer::unwatch(uintptr_t start, size_t length) {
   std::lock_guard<std::mutex> hold(g.mutex);
   sync_watches_locked();
   g.watches.unwatch(lo, hi);
+}
+
+void Consumer::settle() noexcept {
+  // Under the lock, so that the descriptor cannot be closed meanwhile.
+  std::lock_guard<std::mutex> hold(g.mutex);
+  wait_for_unmaps_in_flight(g.running ? g.uffd : -1);
 }
 
 mrc_monitor_mode_t Consumer::mode() const noexcept {
@@ -927,6 +965,7 @@ void set_queue_capacity(size_t records) {
 }
 void set_vma_budget(uint64_t vmas) { g.vma_budget.store(vmas, std::memory_order_relaxed); }
 void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
+void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
 int monitor_fd() {
   std::lock_guard<std::mutex> hold(g.mutex);

@@ -88,6 +88,14 @@ class Consumer {
   // Drops one reference taken by a successful watch() with the same arguments.
   void unwatch(uintptr_t start, size_t length);
 
+  // Waits until every munmap/mremap/madvise of watched memory that started before this call has
+  // been read by the monitor (one ioctl, ~0.5 us, when none is in flight); a drain() after it
+  // sees their records. The kernel removes a VMA before it queues the UNMAP event: in between,
+  // another thread can already map new memory at the same address, and a cache that looks that
+  // address up then would find the old region. quiescent() cannot see that window (it costs no
+  // syscall); a cache that must not hit in it calls settle() and drain() first (watch() does).
+  void settle() noexcept;
+
   mrc_monitor_mode_t mode() const noexcept;
 
  private:
@@ -155,6 +163,8 @@ void set_vma_budget(uint64_t vmas);
 void force_maps_fallback(bool on);
 // Run the monitor loop on poll(2) instead of io_uring (the fallback when io_uring fails).
 void force_poll_loop(bool on);
+// While on, the monitor leaves events unread (their unmappers stay blocked in the kernel).
+void pause_monitor(bool on);
 // UFFDIO_REGISTER calls made by watch() since the process started.
 uint64_t registrations();
 // The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).

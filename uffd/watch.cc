@@ -426,15 +426,16 @@ bool WatchSet::arm(Piece *piece, uintptr_t start, uintptr_t end, char *why, size
   }
 
   // A fresh piece lies in one acceptable mapping. A piece whose registration was taken away may
-  // now hold other mappings: register all of it only if every mapping in it is acceptable.
+  // now hold other mappings, and holes: arm all of it only if acceptable mappings cover it
+  // without a hole. A hole registers nothing, so memory mapped into it later would be neither
+  // registered nor reported (no unmap happens), while the piece claimed to be armed.
   bool whole = true;
   if (piece->ever_armed) {
     uintptr_t at = piece->start;
     while (whole && at < piece->end) {
       Mapping mapping;
-      if (query_mapping_from(at, &mapping) != MRC_OK || mapping.start >= piece->end) break;
-      whole = acceptable(mapping, nullptr, 0);
-      at = mapping.end;
+      whole = query_mapping(at, &mapping) == MRC_OK && acceptable(mapping, nullptr, 0);
+      if (whole) at = mapping.end;
     }
   }
   if (whole) {

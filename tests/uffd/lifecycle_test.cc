@@ -1,0 +1,338 @@
+// The monitor's life: start/stop/restart, modes and reasons, overflow, fork, seccomp, and the
+// test-only switches.
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "tests/uffd/helpers.h"
+
+#if defined(__SANITIZE_THREAD__) || defined(MRC_TSAN)
+// The fork tests start a monitor thread in the child of a multi-threaded parent, which
+// ThreadSanitizer only tolerates when told so.
+extern "C" const char *__tsan_default_options() { return "die_after_fork=0"; }
+#endif
+
+namespace mrc::uffd::test {
+namespace {
+
+bool have_userfaultfd() {
+  Subscription probe;
+  return probe->mode() != MRC_MONITOR_UNCACHED;
+}
+
+TEST(Lifecycle, StartStopRestartAThousandTimesLeaksNothing) {
+  const size_t length = 4 * page_size();
+  {
+    Subscription warm;  // lazily opened descriptors (the /proc/self/maps slot) open here
+    char *p = map_anonymous(length);
+    (void)warm->watch(u(p), length);
+    munmap(p, length);
+  }
+  const size_t fds = count_dir("/proc/self/fd");
+  const size_t tasks = count_dir("/proc/self/task");
+  for (int i = 0; i < 1000; ++i) {
+    Consumer *consumer = nullptr;
+    ASSERT_EQ(Monitor::subscribe(&consumer), MRC_OK);
+    if (i % 50 == 0 && consumer->mode() != MRC_MONITOR_UNCACHED) {
+      char *p = map_anonymous(length);
+      ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+      munmap(p, length);
+      const auto records = drain_all(consumer);
+      EXPECT_TRUE(covered(records, u(p), u(p) + length, InvalidationKind::Unmap)) << i;
+    }
+    Monitor::unsubscribe(consumer);
+  }
+  EXPECT_EQ(count_dir("/proc/self/fd"), fds);
+  EXPECT_EQ(count_dir("/proc/self/task"), tasks);
+  EXPECT_EQ(monitor_info().running, 0);
+}
+
+// A stopped monitor must leave no registration behind: the next monitor registers the same
+// memory (a lingering one would answer EBUSY: "another userfaultfd").
+TEST(Lifecycle, StoppingReleasesEveryRegistration) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  const size_t length = 8 * page_size();
+  char *p = map_anonymous(length);
+  char why[256] = "";
+  for (int i = 0; i < 20; ++i) {
+    Subscription consumer;
+    ASSERT_EQ(consumer->watch(u(p), length, why, sizeof(why)), WatchResult::Watched)
+        << i << ": " << why;
+  }
+  munmap(p, length);
+}
+
+TEST(Lifecycle, EveryConsumerSeesEveryRecord) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  Subscription first;
+  Subscription second;
+  const size_t length = 4 * page_size();
+  char *p = map_anonymous(length);
+  ASSERT_EQ(first->watch(u(p), length), WatchResult::Watched);
+  munmap(p, length);
+  EXPECT_TRUE(covered(drain_all(first.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+  EXPECT_TRUE(covered(drain_all(second.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+}
+
+TEST(Lifecycle, InfoReportsTheRunningMonitor) {
+  EXPECT_EQ(mrc_monitor_info(nullptr), MRC_ERR_INVALID);
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  Subscription consumer;
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  EXPECT_EQ(info.running, 1);
+  EXPECT_EQ(info.mode, consumer->mode());
+  EXPECT_NE(info.reason[0], '\0');
+  EXPECT_NE(info.features & UFFD_FEATURE_EVENT_UNMAP, 0u);
+  EXPECT_GT(info.vma_budget, 0u);
+  const uint64_t events = info.events;
+  const size_t length = 4 * page_size();
+  char *p = map_aligned(length, length);
+  ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+  EXPECT_GE(monitor_info().watched_bytes, length);
+  munmap(p, length);
+  (void)drain_all(consumer.get());
+  EXPECT_GT(monitor_info().events, events);
+}
+
+TEST(Lifecycle, ModesCanBeForced) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  for (const char *mode : {"wp-async", "wp", "missing"}) {
+    ScopedEnv env("MRC_MONITOR", mode);
+    Subscription consumer;
+    const mrc_monitor_info_t info = monitor_info();
+    if (consumer->mode() == MRC_MONITOR_UNCACHED) {
+      EXPECT_NE(std::string(info.reason).find(std::string("MRC_MONITOR=") + mode),
+                std::string::npos)
+          << info.reason;
+      continue;
+    }
+    EXPECT_STREQ(info.mode_name, mode);
+    EXPECT_NE(std::string(info.reason).find(std::string("MRC_MONITOR=") + mode), std::string::npos)
+        << info.reason;
+  }
+  ScopedEnv env("MRC_MONITOR", "sideways");
+  Subscription consumer;
+  EXPECT_NE(consumer->mode(), MRC_MONITOR_UNCACHED);
+  EXPECT_NE(std::string(monitor_info().reason).find("not understood"), std::string::npos);
+}
+
+TEST(Lifecycle, InfoWithoutSubscribersProbesTheMode) {
+  const mrc_monitor_info_t info = monitor_info();
+  EXPECT_EQ(info.running, 0);
+  EXPECT_NE(info.reason[0], '\0');
+  ScopedEnv env("MRC_MONITOR", "off");
+  EXPECT_EQ(monitor_info().mode, MRC_MONITOR_UNCACHED);
+}
+
+// A consumer that falls a whole queue behind is told to purge, never silently skips records;
+// and the watch table, which lost records too, registers again.
+TEST(Lifecycle, QueueOverflowMeansPurge) {
+  testing::set_queue_capacity(8);
+  struct Restore {
+    ~Restore() { testing::set_queue_capacity(0); }
+  } restore;
+  Subscription consumer;
+  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  const size_t page = page_size();
+  char *p = map_aligned(64 * page, kWatchBlock);
+  ASSERT_EQ(consumer->watch(u(p), 64 * page), WatchResult::Watched);
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(munmap(p + 2 * i * page, page), 0);
+  std::vector<Invalidation> seen;
+  EXPECT_EQ(consumer->drain([&seen](const Invalidation &r) { seen.push_back(r); }),
+            DrainResult::Overflow);
+  EXPECT_FALSE(consumer->quiescent());  // stays untrusted until the purge is done
+  EXPECT_EQ(consumer->drain([](const Invalidation &) {}), DrainResult::Ok);
+  EXPECT_TRUE(consumer->quiescent());
+  ASSERT_EQ(munmap(p + 41 * page, page), 0);
+  const auto records = drain_all(consumer.get());
+  EXPECT_TRUE(covered(records, u(p + 41 * page), u(p + 42 * page), InvalidationKind::Unmap))
+      << describe(records);
+  // The watch table overflowed as well: it may no longer trust that anything is registered.
+  const uint64_t before = testing::registrations();
+  ASSERT_EQ(consumer->watch(u(p + 50 * page), page), WatchResult::Watched);
+  EXPECT_GT(testing::registrations(), before);
+  munmap(p, 64 * page);
+}
+
+// Test-only: MRC_TEST_DROP_EVENTS=1 reads events but publishes nothing (the stress harness
+// uses it to prove that its oracle catches a cache that misses invalidations).
+TEST(Lifecycle, DropEventsSwitchPublishesNothing) {
+  ScopedEnv drop("MRC_TEST_DROP_EVENTS", "1");
+  Subscription consumer;
+  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  const size_t length = 4 * page_size();
+  char *p = map_anonymous(length);
+  ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+  munmap(p, length);
+  EXPECT_TRUE(drain_all(consumer.get()).empty());
+  EXPECT_GE(monitor_info().events, 1u);
+}
+
+TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
+  testing::force_poll_loop(true);
+  struct Restore {
+    ~Restore() { testing::force_poll_loop(false); }
+  } restore;
+  Subscription consumer;
+  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  const size_t length = 4 * page_size();
+  for (int i = 0; i < 100; ++i) {
+    char *p = map_anonymous(length);
+    ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+    munmap(p, length);
+    ASSERT_TRUE(covered(drain_all(consumer.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+    consumer->unwatch(u(p), length);
+  }
+}
+
+// ---- fork ----
+
+// In a child: a failed check ends it with the line number as exit status.
+#define CHILD_CHECK(cond)                                                     \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      fprintf(stderr, "child check failed: %s (line %d)\n", #cond, __LINE__); \
+      _exit(__LINE__ % 250 + 1);                                              \
+    }                                                                         \
+  } while (0)
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 1000 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+TEST(Fork, ChildForgetsAndReArmsWhileTheParentCarriesOn) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  Subscription consumer;
+  const size_t length = 16 * page_size();
+  char *shared_before = map_anonymous(length);
+  char *parent_only = map_anonymous(length);
+  ASSERT_EQ(consumer->watch(u(shared_before), length), WatchResult::Watched);
+  ASSERT_EQ(consumer->watch(u(parent_only), length), WatchResult::Watched);
+  ASSERT_TRUE(consumer->quiescent());
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child: its VMAs lost their registration, it has no monitor thread.
+    CHILD_CHECK(!consumer->quiescent());
+    CHILD_CHECK(consumer->drain([](const Invalidation &) {}) == DrainResult::Forked);
+    CHILD_CHECK(!consumer->quiescent());  // until the cache has forgotten and drains again
+    CHILD_CHECK(consumer->drain([](const Invalidation &) {}) == DrainResult::Ok);
+    CHILD_CHECK(consumer->quiescent());
+    // Parent-era unwatches are harmless; new watches re-arm on a fresh monitor.
+    consumer->unwatch(u(parent_only), length);
+    CHILD_CHECK(consumer->watch(u(shared_before), length) == WatchResult::Watched);
+    mrc_monitor_info_t info;
+    mrc_monitor_info(&info);
+    CHILD_CHECK(info.running == 1);
+    CHILD_CHECK(munmap(shared_before, length) == 0);
+    bool seen = false;
+    CHILD_CHECK(consumer->drain([&](const Invalidation &r) {
+      seen = seen || (r.start <= u(shared_before) && r.end >= u(shared_before) + length);
+    }) == DrainResult::Ok);
+    CHILD_CHECK(seen);
+    Monitor::unsubscribe(consumer.get());
+    _exit(0);
+  }
+  // The parent is unaffected: no Forked, its registrations intact.
+  EXPECT_EQ(wait_child(pid), 0);
+  ASSERT_EQ(munmap(parent_only, length), 0);
+  std::vector<Invalidation> records;
+  EXPECT_EQ(consumer->drain([&](const Invalidation &r) { records.push_back(r); }), DrainResult::Ok);
+  EXPECT_TRUE(covered(records, u(parent_only), u(parent_only) + length, InvalidationKind::Unmap))
+      << describe(records);
+  EXPECT_FALSE(touches(records, u(shared_before), u(shared_before) + length))
+      << "the child's munmap is the child's business\n"
+      << describe(records);
+  munmap(shared_before, length);
+}
+
+// ---- seccomp ----
+
+int install_filter_denying_userfaultfd() {
+#if defined(__x86_64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#else
+  return -1;
+#endif
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_userfaultfd, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_ioctl, 0, 3),
+      // The low half of the ioctl request (little-endian): USERFAULTFD_IOC_NEW on
+      // /dev/userfaultfd is the other way to get one.
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args) + sizeof(uint64_t)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, USERFAULTFD_IOC_NEW, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program);
+}
+
+TEST(Seccomp, DeniedUserfaultfdMeansUncachedSaidOnce) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    dup2(pipe_fds[1], STDERR_FILENO);
+    CHILD_CHECK(install_filter_denying_userfaultfd() == 0);
+    for (int i = 0; i < 3; ++i) {
+      Consumer *consumer = nullptr;
+      CHILD_CHECK(Monitor::subscribe(&consumer) == MRC_OK);
+      CHILD_CHECK(consumer->mode() == MRC_MONITOR_UNCACHED);
+      char why[256];
+      char *p = static_cast<char *>(
+          mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      CHILD_CHECK(consumer->watch(u(p), 4096, why, sizeof(why)) == WatchResult::NotMonitorable);
+      CHILD_CHECK(consumer->quiescent());
+      mrc_monitor_info_t info;
+      mrc_monitor_info(&info);
+      CHILD_CHECK(strstr(info.reason, "EPERM") != nullptr);
+      CHILD_CHECK(info.running == 0);
+      Monitor::unsubscribe(consumer);
+      munmap(p, 4096);
+    }
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string output;
+  char buffer[512];
+  ssize_t n;
+  while ((n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0) output.append(buffer, n);
+  close(pipe_fds[0]);
+  EXPECT_EQ(wait_child(pid), 0) << output;
+  size_t said = 0;
+  for (size_t at = output.find("mrcache: caching is off"); at != std::string::npos;
+       at = output.find("mrcache: caching is off", at + 1)) {
+    ++said;
+  }
+  EXPECT_EQ(said, 1u) << output;
+  EXPECT_NE(output.find("EPERM"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace mrc::uffd::test

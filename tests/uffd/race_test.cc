@@ -1,0 +1,177 @@
+// The invariant under concurrency: once munmap has returned, a consumer that trusts its page
+// table (quiescent()) has applied the record of that munmap.
+#include <sys/mman.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tests/uffd/helpers.h"
+
+namespace mrc::uffd::test {
+namespace {
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || defined(MRC_TSAN)
+constexpr int kScale = 10;
+#else
+constexpr int kScale = 1;
+#endif
+
+class Race : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
+    if (consumer_->mode() == MRC_MONITOR_UNCACHED) {
+      GTEST_SKIP() << "no userfaultfd here: " << monitor_info().reason;
+    }
+  }
+  void TearDown() override {
+    if (consumer_ != nullptr) Monitor::unsubscribe(consumer_);
+  }
+  Consumer *consumer_ = nullptr;
+};
+
+// Stops and joins a thread when the scope ends, even on a failed ASSERT.
+class Joined {
+ public:
+  Joined(std::atomic<bool> *stop, std::thread thread) : stop_(stop), thread_(std::move(thread)) {}
+  ~Joined() {
+    stop_->store(true);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> *stop_;
+  std::thread thread_;
+};
+
+// 10^5 rounds: mmap at A, watch, munmap, and at once ask whether the page table may be trusted.
+// A drainer thread applies records concurrently, as other threads of a cache would; whenever the
+// fast-path check says "trust", the record of the munmap that just returned must be applied.
+TEST_F(Race, UnmapThenRemapAtTheSameAddress) {
+  const size_t length = 64 << 10;
+  std::atomic<uintptr_t> watched_start{0};
+  std::mutex drain_lock;  // the cache's lock: one drainer at a time
+  std::atomic<uint64_t> applied{0};
+  auto apply = [&](const Invalidation &r) {
+    const uintptr_t start = watched_start.load(std::memory_order_relaxed);
+    if (r.kind == InvalidationKind::Unmap && r.start <= start && r.end >= start + length) {
+      applied.fetch_add(1, std::memory_order_relaxed);  // ordered by the cursor's release
+    }
+  };
+  std::atomic<bool> stop{false};
+  Joined drainer(&stop, std::thread([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      {
+        std::lock_guard<std::mutex> hold(drain_lock);
+        EXPECT_EQ(consumer_->drain(apply), DrainResult::Ok);
+      }
+      std::this_thread::yield();
+    }
+  }));
+  // Reserved after the drainer thread exists: its stack must not land on A.
+  char *a = map_anonymous(length);
+  ASSERT_EQ(munmap(a, length), 0);
+  const uintptr_t start = u(a);
+  watched_start.store(start);
+
+  const uint64_t rounds = 100000 / kScale;
+  uint64_t trusted = 0;
+  const auto begin = std::chrono::steady_clock::now();
+  for (uint64_t round = 0; round < rounds; ++round) {
+    void *p = mmap(a, length, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    ASSERT_EQ(p, a) << "round " << round;
+    ASSERT_EQ(consumer_->watch(start, length), WatchResult::Watched) << "round " << round;
+    ASSERT_EQ(munmap(a, length), 0);
+    if (consumer_->quiescent()) {
+      ++trusted;
+      ASSERT_GE(applied.load(std::memory_order_relaxed), round + 1)
+          << "round " << round << ": trusted the page table before the unmap was applied";
+    } else {
+      std::lock_guard<std::mutex> hold(drain_lock);
+      ASSERT_EQ(consumer_->drain(apply), DrainResult::Ok);
+      ASSERT_GE(applied.load(std::memory_order_relaxed), round + 1) << "round " << round;
+    }
+    consumer_->unwatch(start, length);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  printf("%lu rounds in %.2f s; fast path trusted %lu times\n", static_cast<unsigned long>(rounds),
+         seconds, static_cast<unsigned long>(trusted));
+}
+
+// The record of a munmap done by another thread is visible once that thread is joined; no
+// drain happened in between, so the fast path must refuse to trust.
+TEST_F(Race, MunmapFromAnotherThread) {
+  const size_t length = 16 * page_size();
+  for (int round = 0; round < 2000 / kScale; ++round) {
+    char *p = map_anonymous(length);
+    ASSERT_EQ(consumer_->watch(u(p), length), WatchResult::Watched);
+    std::thread unmapper([p, length] { ASSERT_EQ(munmap(p, length), 0); });
+    unmapper.join();
+    ASSERT_FALSE(consumer_->quiescent()) << "round " << round;
+    const auto records = drain_all(consumer_);
+    ASSERT_TRUE(covered(records, u(p), u(p) + length, InvalidationKind::Unmap))
+        << "round " << round << "\n"
+        << describe(records);
+    EXPECT_TRUE(consumer_->quiescent());
+    consumer_->unwatch(u(p), length);
+  }
+}
+
+// Several threads, each a cache of its own (its own consumer), watch, unmap and drain at once;
+// every one sees its own records (the queue is a broadcast), while another thread keeps
+// subscribing and leaving.
+TEST_F(Race, ManyCachesAtOnce) {
+  constexpr int kThreads = 4;
+  const int rounds = 1500 / kScale;
+  std::atomic<int> failures{0};
+  std::atomic<bool> stop{false};
+  Joined churn(&stop, std::thread([&] {
+    while (!stop.load()) {
+      Consumer *extra = nullptr;
+      if (Monitor::subscribe(&extra) == MRC_OK) Monitor::unsubscribe(extra);
+      std::this_thread::yield();
+    }
+  }));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Consumer *mine = nullptr;
+      if (Monitor::subscribe(&mine) != MRC_OK) {
+        failures.fetch_add(1);
+        return;
+      }
+      const size_t length = (4 + static_cast<size_t>(t)) * page_size();
+      for (int round = 0; round < rounds; ++round) {
+        char *p = static_cast<char *>(
+            mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        char why[256];
+        if (mine->watch(u(p), length, why, sizeof(why)) != WatchResult::Watched) {
+          if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch: " << why;
+          munmap(p, length);
+          continue;
+        }
+        munmap(p, length);
+        bool seen = false;
+        const DrainResult result = mine->drain([&](const Invalidation &r) {
+          seen = seen || (r.start <= u(p) && r.end >= u(p) + length);
+        });
+        // Four busy threads can lap a consumer only if the queue is tiny; it is not.
+        if ((result != DrainResult::Ok || !seen) && failures.fetch_add(1) < 3) {
+          ADD_FAILURE() << "drain " << static_cast<int>(result) << " seen " << seen;
+        }
+        mine->unwatch(u(p), length);
+      }
+      Monitor::unsubscribe(mine);
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace mrc::uffd::test
