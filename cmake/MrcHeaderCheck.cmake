@@ -10,7 +10,11 @@ foreach(header ${MRC_PUBLIC_HEADERS})
   get_filename_component(header_name ${header} NAME)
   string(MAKE_C_IDENTIFIER ${header_name} header_id)
   # The typedef keeps an empty header from making an empty (ill-formed in ISO C) unit.
-  string(CONCAT body "#include <mrcache/${header_name}>\n#include <mrcache/${header_name}>\n"
+  string(CONCAT body
+         "/* Self-containment check (cmake/MrcHeaderCheck.cmake): a public header must compile\n"
+         " * alone. An error below means <mrcache/${header_name}> uses something it does not\n"
+         " * include itself: add the #include it needs to the header. */\n"
+         "#include <mrcache/${header_name}>\n#include <mrcache/${header_name}>\n"
          "typedef int mrc_header_check_${header_id};\n")
   set(stem ${PROJECT_BINARY_DIR}/header_check/${header_id})
   if(header_name MATCHES "\\.h$")
