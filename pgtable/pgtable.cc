@@ -1,4 +1,5 @@
-// The radix page table's writer side; the shape and the contract are in pgtable.h.
+// The radix page table's writer side; the shape and the contract are in
+// pgtable.h.
 #include "pgtable/pgtable.h"
 
 #include <algorithm>
@@ -11,8 +12,8 @@
 namespace mrc::detail {
 namespace {
 
-// Calls fn(index, block_start) for every slot of a node (base, slots of 2^shift bytes, fanout
-// slots) whose block intersects region, in address order.
+// Calls fn(index, block_start) for every slot of a node (base, fanout slots of
+// 2^shift bytes) whose block intersects region, in address order.
 template <class Fn>
 void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const PgtRegion *region,
                       Fn &&fn) {
@@ -26,31 +27,75 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
   }
 }
 
+template <class Node, size_t kAlign>
+Node *allocate_node(uintptr_t base) noexcept {
+  void *memory = ::operator new (sizeof(Node), std::align_val_t{kAlign}, std::nothrow);
+  if (memory == nullptr) return nullptr;
+  Node *node = new (memory) Node();  // value-initialised: every slot empty
+  node->base = base;
+  return node;
+}
+
+template <class Node, size_t kAlign>
+void free_node(Node *node) noexcept {
+  node->~Node();
+  ::operator delete (node, std::align_val_t{kAlign});
+}
+
 }  // namespace
 
-template <unsigned kBitsPerLevel>
-RadixPageTable<kBitsPerLevel>::~RadixPageTable() {
-  free_subtree(root_.load(std::memory_order_relaxed));
+#define MRC_TABLE template <unsigned kInnerBits, unsigned kLeafBits>
+#define MRC_SELF RadixPageTable<kInnerBits, kLeafBits>
+
+MRC_TABLE MRC_SELF::~RadixPageTable() {
+  free_subtree(root_.load(std::memory_order_relaxed), kLevels);
 }
 
-template <unsigned kBitsPerLevel>
-void RadixPageTable<kBitsPerLevel>::free_subtree(uintptr_t entry) noexcept {
+MRC_TABLE void MRC_SELF::free_subtree(uintptr_t entry, unsigned slot_level) noexcept {
   if (!is_node(entry)) return;
-  Node *node = node_of(entry);
-  for (auto &slot : node->slots) free_subtree(slot.load(std::memory_order_relaxed));
-  delete node;
+  const NodeRef node = node_of(entry, slot_level);
+  for (unsigned i = 0; i < node.fanout(); ++i) {
+    free_subtree(node.slot(i).load(std::memory_order_relaxed), node.level);
+  }
+  if (node.level == 0) {
+    free_leaf(node.leaf());
+  } else {
+    free_inner(node.inner());
+  }
 }
 
-template <unsigned kBitsPerLevel>
-void RadixPageTable<kBitsPerLevel>::free_node(void *node) noexcept {
-  delete static_cast<Node *>(node);
+MRC_TABLE void MRC_SELF::free_leaf(void *node) noexcept {
+  free_node<LeafNode, kNodeAlign>(static_cast<LeafNode *>(node));
 }
 
-// The entry a slot at `level` covering `block` holds for region when region is the only one
-// there: 0 (disjoint), the region (covers the block) or the region tagged partial.
-template <unsigned kBitsPerLevel>
-uintptr_t RadixPageTable<kBitsPerLevel>::entry_for(const PgtRegion *region, uintptr_t block,
-                                                   unsigned level) {
+MRC_TABLE void MRC_SELF::free_inner(void *node) noexcept {
+  free_node<InnerNode, kNodeAlign>(static_cast<InnerNode *>(node));
+}
+
+MRC_TABLE void MRC_SELF::retire(NodeRef node) noexcept {
+  if (node.level == 0) {
+    domain_.retire(node.leaf(), &free_leaf);
+  } else {
+    domain_.retire(node.inner(), &free_inner);
+  }
+}
+
+// Every writer store into a node goes through here, to keep the inner nodes'
+// counts.
+MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated,
+                                  std::memory_order order) noexcept {
+  if (node.level != 0) {
+    InnerNode *inner = node.inner();
+    inner->used = static_cast<uint16_t>(inner->used + (updated != 0) - (old != 0));
+    inner->children = static_cast<uint16_t>(inner->children + is_node(updated) - is_node(old));
+  }
+  node.slot(index).store(updated, order);
+}
+
+// The entry a slot at `level` covering `block` holds for region when region is
+// the only one there: 0 (disjoint), the region (covers the block) or the region
+// tagged partial.
+MRC_TABLE uintptr_t MRC_SELF::entry_for(const PgtRegion *region, uintptr_t block, unsigned level) {
   const uintptr_t end = block + block_size(level);
   if (region->end <= block || region->start >= end) return 0;
   uintptr_t entry = reinterpret_cast<uintptr_t>(region);
@@ -58,77 +103,82 @@ uintptr_t RadixPageTable<kBitsPerLevel>::entry_for(const PgtRegion *region, uint
   return entry;
 }
 
-// The level of the lowest node whose aligned block holds both lo and hi - 1 (which lie in
-// different pages).
-template <unsigned kBitsPerLevel>
-unsigned RadixPageTable<kBitsPerLevel>::level_for(uintptr_t lo, uintptr_t hi) {
+// The level of the lowest node whose aligned block holds both lo and hi - 1
+// (which lie in different pages).
+MRC_TABLE unsigned MRC_SELF::level_for(uintptr_t lo, uintptr_t hi) {
   const unsigned top_bit = static_cast<unsigned>(std::bit_width(lo ^ (hi - 1))) - 1;
   MRC_DASSERT(top_bit >= kPageShift && top_bit < 64);
-  return (top_bit - kPageShift) / kBitsPerLevel;
+  if (top_bit < kPageShift + kLeafBits) return 0;
+  return 1 + (top_bit - kPageShift - kLeafBits) / kInnerBits;
 }
 
-// ---- insert ----------------------------------------------------------------------------------
+// ---- insert
+// ----------------------------------------------------------------------------------
 
-template <unsigned kBitsPerLevel>
-bool RadixPageTable<kBitsPerLevel>::overlaps_any(uintptr_t from, uintptr_t to) const noexcept {
-  bool found = false;
-  for_each_overlapping(from, to, [&found](PgtRegion *) {
-    found = true;
-    return false;
-  });
-  return found;
-}
-
-// Dry run of insert_into(): how many nodes inserting region below this entry will create.
-template <unsigned kBitsPerLevel>
-size_t RadixPageTable<kBitsPerLevel>::count_new_nodes(uintptr_t entry, unsigned level,
-                                                      uintptr_t block,
-                                                      const PgtRegion *region) const noexcept {
+// Dry run of insert_into(): the nodes inserting region below this entry will
+// create, or an overlap with a region already there.
+MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
+    uintptr_t entry, unsigned level, uintptr_t block, const PgtRegion *region) const noexcept {
+  NodeCount count;
+  if (entry == 0) return count;
   const uintptr_t block_end = block + block_size(level);
   const uintptr_t lo = std::max(region->start, block);
   const uintptr_t hi = std::min(region->end, block_end);
-  if ((lo == block && hi == block_end) || entry == 0) return 0;
-  size_t count = 1;
+  count.overlap = lo == block && hi == block_end;  // covers a block that is not empty
+  if (count.overlap) return count;
+  auto add = [&count](const NodeCount &more) {
+    count.leaves += more.leaves;
+    count.inner += more.inner;
+    count.overlap = count.overlap || more.overlap;
+  };
+  auto one_more = [&count](unsigned node_level) {
+    ++(node_level == 0 ? count.leaves : count.inner);
+  };
+
   if (!is_node(entry)) {
     const PgtRegion *other = region_of(entry);
+    count.overlap = other->start < hi && other->end > lo;
+    if (count.overlap) return count;
     const uintptr_t other_lo = std::max(other->start, block);
     const uintptr_t other_hi = std::min(other->end, block_end);
     const unsigned node_level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
     const uintptr_t base = std::min(lo, other_lo) & ~(block_size(node_level + 1) - 1);
-    for_each_slot_of(base, slot_shift(node_level), kFanout, region, [&](unsigned, uintptr_t sub) {
-      count += count_new_nodes(entry_for(other, sub, node_level), node_level, sub, region);
-    });
+    one_more(node_level);
+    for_each_slot_of(
+        base, slot_shift(node_level), fanout(node_level), region, [&](unsigned, uintptr_t sub) {
+          add(count_new_nodes(entry_for(other, sub, node_level), node_level, sub, region));
+        });
     return count;
   }
-  const Node *node = node_of(entry);
-  const unsigned node_level = level_of(entry);
-  const uintptr_t base = node->base;
-  const uintptr_t end = base + block_size(node_level + 1);
+  const NodeRef node = node_of(entry, level);
+  const uintptr_t base = node.base();
+  const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
-    count = 0;
-    for_each_slot_of(base, slot_shift(node_level), kFanout, region, [&](unsigned i, uintptr_t sub) {
-      count +=
-          count_new_nodes(node->slots[i].load(std::memory_order_relaxed), node_level, sub, region);
-    });
+    for_each_slot_of(base, slot_shift(node.level), node.fanout(), region,
+                     [&](unsigned i, uintptr_t sub) {
+                       add(count_new_nodes(node.slot(i).load(std::memory_order_relaxed), node.level,
+                                           sub, region));
+                     });
     return count;
   }
   const unsigned parent_level = level_for(std::min(lo, base), std::max(hi, end));
   const uintptr_t parent_base = std::min(lo, base) & ~(block_size(parent_level + 1) - 1);
-  const uintptr_t node_index = (base >> slot_shift(parent_level)) & kIndexMask;
-  for_each_slot_of(
-      parent_base, slot_shift(parent_level), kFanout, region, [&](unsigned i, uintptr_t sub) {
-        count += count_new_nodes(i == node_index ? entry : 0, parent_level, sub, region);
-      });
+  const uintptr_t node_index = (base - parent_base) >> slot_shift(parent_level);
+  const uintptr_t moved = node_entry(node, parent_level);
+  one_more(parent_level);
+  for_each_slot_of(parent_base, slot_shift(parent_level), fanout(parent_level), region,
+                   [&](unsigned i, uintptr_t sub) {
+                     add(count_new_nodes(i == node_index ? moved : 0, parent_level, sub, region));
+                   });
   return count;
 }
 
-// Returns what the slot at `level` covering `block` must hold once region is inserted. A live
-// node is updated in place (each slot store publishes a finished value); a new node is filled
-// while private and published by the caller's store.
-template <unsigned kBitsPerLevel>
-uintptr_t RadixPageTable<kBitsPerLevel>::insert_into(uintptr_t entry, unsigned level,
-                                                     uintptr_t block, PgtRegion *region,
-                                                     NodeReserve &reserve) noexcept {
+// Returns what the slot at `level` covering `block` must hold once region is
+// inserted. A live node is updated in place (each slot store publishes a
+// finished value); a new node is filled while private and published by the
+// caller's store.
+MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintptr_t block,
+                                          PgtRegion *region, NodeReserve &reserve) noexcept {
   const uintptr_t block_end = block + block_size(level);
   const uintptr_t lo = std::max(region->start, block);
   const uintptr_t hi = std::min(region->end, block_end);
@@ -138,61 +188,72 @@ uintptr_t RadixPageTable<kBitsPerLevel>::insert_into(uintptr_t entry, unsigned l
   }
   if (entry == 0) return reinterpret_cast<uintptr_t>(region) | kPartialTag;
 
-  auto take = [&reserve](uintptr_t base) {
-    MRC_CHECK(reserve.count > 0);  // count_new_nodes() and insert_into() disagree
-    Node *node = reserve.nodes[--reserve.count];
-    node->base = base;
+  auto take = [&reserve](unsigned node_level, uintptr_t base) {
+    NodeRef node{0, node_level};
+    if (node_level == 0) {
+      MRC_CHECK(reserve.leaf_count > 0);  // count_new_nodes() and insert_into() disagree
+      LeafNode *leaf = reserve.leaves[--reserve.leaf_count];
+      leaf->base = base;
+      node.ptr = reinterpret_cast<uintptr_t>(leaf);
+    } else {
+      MRC_CHECK(reserve.inner_count > 0);
+      InnerNode *inner = reserve.inner[--reserve.inner_count];
+      inner->base = base;
+      node.ptr = reinterpret_cast<uintptr_t>(inner);
+    }
     return node;
   };
 
   if (!is_node(entry)) {
-    // The slot's only region meets a second one: a node at the level where they part.
+    // The slot's only region meets a second one: a node at the level where they
+    // part.
     const PgtRegion *other = region_of(entry);
     MRC_DASSERT((entry & kPartialTag) != 0);
     const uintptr_t other_lo = std::max(other->start, block);
     const uintptr_t other_hi = std::min(other->end, block_end);
     const unsigned node_level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
     MRC_DASSERT(node_level < level);
-    Node *node = take(std::min(lo, other_lo) & ~(block_size(node_level + 1) - 1));
-    for (unsigned i = 0; i < kFanout; ++i) {
-      const uintptr_t sub = node->base + (uintptr_t{i} << slot_shift(node_level));
-      node->slots[i].store(entry_for(other, sub, node_level), std::memory_order_relaxed);
-    }
-    insert_into_node(node, node_level, region, reserve);
-    return node_entry(node, node_level);
+    const NodeRef node =
+        take(node_level, std::min(lo, other_lo) & ~(block_size(node_level + 1) - 1));
+    for_each_slot_of(
+        node.base(), slot_shift(node_level), node.fanout(), other, [&](unsigned i, uintptr_t sub) {
+          set_slot(node, i, 0, entry_for(other, sub, node_level), std::memory_order_relaxed);
+        });
+    insert_into_node(node, region, reserve);
+    return node_entry(node, level);
   }
 
-  Node *node = node_of(entry);
-  const unsigned node_level = level_of(entry);
-  const uintptr_t base = node->base;
-  const uintptr_t end = base + block_size(node_level + 1);
+  const NodeRef node = node_of(entry, level);
+  const uintptr_t base = node.base();
+  const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
-    insert_into_node(node, node_level, region, reserve);
+    insert_into_node(node, region, reserve);
     return entry;
   }
   // The region falls outside a path-compressed node: a new node above both.
   const unsigned parent_level = level_for(std::min(lo, base), std::max(hi, end));
-  MRC_DASSERT(parent_level > node_level && parent_level < level);
-  Node *parent = take(std::min(lo, base) & ~(block_size(parent_level + 1) - 1));
-  parent->slots[(base >> slot_shift(parent_level)) & kIndexMask].store(entry,
-                                                                       std::memory_order_relaxed);
-  insert_into_node(parent, parent_level, region, reserve);
-  return node_entry(parent, parent_level);
+  MRC_DASSERT(parent_level > node.level && parent_level < level);
+  const NodeRef parent =
+      take(parent_level, std::min(lo, base) & ~(block_size(parent_level + 1) - 1));
+  set_slot(parent, static_cast<unsigned>((base - parent.base()) >> slot_shift(parent_level)), 0,
+           node_entry(node, parent_level), std::memory_order_relaxed);
+  insert_into_node(parent, region, reserve);
+  return node_entry(parent, level);
 }
 
-template <unsigned kBitsPerLevel>
-void RadixPageTable<kBitsPerLevel>::insert_into_node(Node *node, unsigned level, PgtRegion *region,
-                                                     NodeReserve &reserve) noexcept {
-  for_each_slot_of(node->base, slot_shift(level), kFanout, region, [&](unsigned i, uintptr_t sub) {
-    const uintptr_t old = node->slots[i].load(std::memory_order_relaxed);
-    const uintptr_t updated = insert_into(old, level, sub, region, reserve);
-    // Release: a node created below is complete before readers can reach it.
-    if (updated != old) node->slots[i].store(updated, std::memory_order_release);
-  });
+MRC_TABLE void MRC_SELF::insert_into_node(NodeRef node, PgtRegion *region,
+                                          NodeReserve &reserve) noexcept {
+  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
+                   [&](unsigned i, uintptr_t sub) {
+                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+                     const uintptr_t updated = insert_into(old, node.level, sub, region, reserve);
+                     // Release: a node created below is complete before readers can reach
+                     // it.
+                     if (updated != old) set_slot(node, i, old, updated, std::memory_order_release);
+                   });
 }
 
-template <unsigned kBitsPerLevel>
-mrc_status_t RadixPageTable<kBitsPerLevel>::insert(PgtRegion *region) noexcept {
+MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   if (region == nullptr) return MRC_ERR_INVALID;
   const uintptr_t start = region->start;
   const uintptr_t end = region->end;
@@ -200,103 +261,112 @@ mrc_status_t RadixPageTable<kBitsPerLevel>::insert(PgtRegion *region) noexcept {
     return MRC_ERR_INVALID;
   }
   if ((reinterpret_cast<uintptr_t>(region) & (kNodeTag | kPartialTag)) != 0) return MRC_ERR_INVALID;
-  if (overlaps_any(start, end)) return MRC_ERR_EXISTS;
 
   const uintptr_t root = root_.load(std::memory_order_relaxed);
+  const NodeCount needed = count_new_nodes(root, kLevels, 0, region);
+  if (needed.overlap) return MRC_ERR_EXISTS;
   NodeReserve reserve;
-  const size_t needed = count_new_nodes(root, kLevels, 0, region);
-  MRC_CHECK(needed <= std::size(reserve.nodes));
-  while (reserve.count < needed) {
-    Node *node = new (std::nothrow) Node();
-    if (node == nullptr) {
-      while (reserve.count > 0) delete reserve.nodes[--reserve.count];
-      return MRC_ERR_NO_MEMORY;
-    }
-    reserve.nodes[reserve.count++] = node;
+  MRC_CHECK(needed.leaves <= std::size(reserve.leaves) && needed.inner <= std::size(reserve.inner));
+  bool allocated = true;
+  while (allocated && reserve.leaf_count < needed.leaves) {
+    LeafNode *leaf = allocate_node<LeafNode, kNodeAlign>(0);
+    allocated = leaf != nullptr;
+    if (allocated) reserve.leaves[reserve.leaf_count++] = leaf;
+  }
+  while (allocated && reserve.inner_count < needed.inner) {
+    InnerNode *inner = allocate_node<InnerNode, kNodeAlign>(0);
+    allocated = inner != nullptr;
+    if (allocated) reserve.inner[reserve.inner_count++] = inner;
+  }
+  if (!allocated) {
+    while (reserve.leaf_count > 0) free_leaf(reserve.leaves[--reserve.leaf_count]);
+    while (reserve.inner_count > 0) free_inner(reserve.inner[--reserve.inner_count]);
+    return MRC_ERR_NO_MEMORY;
   }
   const uintptr_t updated = insert_into(root, kLevels, 0, region, reserve);
-  MRC_CHECK(reserve.count == 0);
+  MRC_CHECK(reserve.leaf_count == 0 && reserve.inner_count == 0);
   if (updated != root) root_.store(updated, std::memory_order_release);
-  nodes_.store(nodes_.load(std::memory_order_relaxed) + needed, std::memory_order_relaxed);
+  const size_t new_nodes = needed.leaves + needed.inner;
+  const size_t new_bytes = needed.leaves * sizeof(LeafNode) + needed.inner * sizeof(InnerNode);
+  nodes_.store(nodes_.load(std::memory_order_relaxed) + new_nodes, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + new_bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return MRC_OK;
 }
 
-// ---- remove ----------------------------------------------------------------------------------
+// ---- remove
+// ----------------------------------------------------------------------------------
 
-// Returns what the slot at `level` (whose block intersects region) holds once region is gone.
-// Nodes left with a single region or a single child are replaced by it and queued in unlinked,
-// to be retired after the caller has stored the replacement.
-template <unsigned kBitsPerLevel>
-uintptr_t RadixPageTable<kBitsPerLevel>::remove_from(uintptr_t entry, unsigned level,
-                                                     const PgtRegion *region,
-                                                     Unlinked &unlinked) noexcept {
-  (void)level;
+// Returns what the slot at `level` (whose block intersects region) holds once
+// region is gone. Nodes left with a single region or a single child are
+// replaced by it and queued in unlinked, to be retired after the caller has
+// stored the replacement.
+MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const PgtRegion *region,
+                                          Unlinked &unlinked) noexcept {
   if (!is_node(entry)) {
     MRC_DASSERT(region_of(entry) == region);
     return 0;
   }
-  Node *node = node_of(entry);
-  const unsigned node_level = level_of(entry);
-  for_each_slot_of(node->base, slot_shift(node_level), kFanout, region, [&](unsigned i, uintptr_t) {
-    const uintptr_t old = node->slots[i].load(std::memory_order_relaxed);
-    const uintptr_t updated = remove_from(old, node_level, region, unlinked);
-    if (updated != old) node->slots[i].store(updated, std::memory_order_release);
-  });
+  const NodeRef node = node_of(entry, level);
+  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
+                   [&](unsigned i, uintptr_t) {
+                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+                     const uintptr_t updated = remove_from(old, node.level, region, unlinked);
+                     if (updated != old) set_slot(node, i, old, updated, std::memory_order_release);
+                   });
 
-  unsigned used = 0;
-  uintptr_t survivor = 0;
-  const PgtRegion *only = nullptr;
-  bool several = false;  // two regions, or a node (which sees two)
-  for (const auto &slot : node->slots) {
-    const uintptr_t e = slot.load(std::memory_order_relaxed);
-    if (e == 0) continue;
-    ++used;
-    survivor = e;
-    if (is_node(e)) {
-      several = true;
-    } else {
-      const PgtRegion *r = region_of(e);
-      if (only != nullptr && r != only) several = true;
-      only = r;
-    }
+  // Still separating two regions: a child node sees two, and so does a node
+  // with another slot.
+  const bool has_child = node.level != 0 && node.inner()->children != 0;
+  if (has_child && node.inner()->used >= 2) return entry;
+  auto slot = [&node](unsigned i) { return node.slot(i).load(std::memory_order_relaxed); };
+  unsigned first = 0, last = node.fanout() - 1;
+  while (slot(first) == 0) ++first;
+  while (slot(last) == 0) --last;
+  uintptr_t replacement;
+  if (first == last && is_node(slot(first))) {
+    // Path compression: the child takes the node's place, its tag counted from
+    // our slot.
+    replacement = node_entry(node_of(slot(first), node.level), level);
+  } else if (!has_child && region_of(slot(first)) == region_of(slot(last))) {
+    // One region left (its entries are consecutive, so first and last tell).
+    // The removed region shared the parent block, so the survivor does not
+    // cover it.
+    replacement = reinterpret_cast<uintptr_t>(region_of(slot(first))) | kPartialTag;
+  } else {
+    return entry;
   }
-  MRC_DASSERT(used > 0);
-  if (used == 1 && is_node(survivor)) {
-    MRC_CHECK(unlinked.count < std::size(unlinked.nodes));
-    unlinked.nodes[unlinked.count++] = node;
-    return survivor;  // path compression: the child takes the node's place
-  }
-  if (!several) {
-    MRC_CHECK(unlinked.count < std::size(unlinked.nodes));
-    unlinked.nodes[unlinked.count++] = node;
-    // The removed region shared the parent block, so the survivor does not cover it.
-    return reinterpret_cast<uintptr_t>(only) | kPartialTag;
-  }
-  return entry;
+  MRC_CHECK(unlinked.count < std::size(unlinked.nodes));
+  unlinked.nodes[unlinked.count++] = node;
+  return replacement;
 }
 
-template <unsigned kBitsPerLevel>
-mrc_status_t RadixPageTable<kBitsPerLevel>::remove(PgtRegion *region) noexcept {
+MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   if (region == nullptr) return MRC_ERR_INVALID;
-  // start/end are immutable while the region is in the table, so this finds it if it is there.
+  // start/end are immutable while the region is in the table, so this finds it
+  // if it is there.
   if (lookup(region->start) != region) return MRC_ERR_NOT_FOUND;
   const uintptr_t root = root_.load(std::memory_order_relaxed);
   Unlinked unlinked;
   const uintptr_t updated = remove_from(root, kLevels, region, unlinked);
   if (updated != root) root_.store(updated, std::memory_order_release);
   // Retire only now: every unlinked node's replacement has been stored.
-  for (unsigned i = 0; i < unlinked.count; ++i) domain_.retire(unlinked.nodes[i], &free_node);
+  size_t bytes = 0;
+  for (unsigned i = 0; i < unlinked.count; ++i) {
+    bytes += unlinked.nodes[i].level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+    retire(unlinked.nodes[i]);
+  }
   nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
   return MRC_OK;
 }
 
-// ---- invariants (tests) ----------------------------------------------------------------------
+// ---- invariants (tests)
+// ----------------------------------------------------------------------
 
-template <unsigned kBitsPerLevel>
-bool RadixPageTable<kBitsPerLevel>::check_entry(uintptr_t entry, unsigned level, uintptr_t block,
-                                                Census &census) const noexcept {
+MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t block,
+                                     Census &census) const noexcept {
   if (entry == 0) return true;
   if (!is_node(entry)) {
     const PgtRegion *region = region_of(entry);
@@ -304,7 +374,8 @@ bool RadixPageTable<kBitsPerLevel>::check_entry(uintptr_t entry, unsigned level,
     const uintptr_t block_end = block + block_size(level);
     census.covered += std::min(region->end, block_end) - std::max(region->start, block);
     if (region != census.last) {
-      // Entries of one region are consecutive; regions come in address order, disjoint.
+      // Entries of one region are consecutive; regions come in address order,
+      // disjoint.
       if (census.last != nullptr && region->start < census.last->end) return false;
       census.last = region;
       ++census.regions;
@@ -312,48 +383,50 @@ bool RadixPageTable<kBitsPerLevel>::check_entry(uintptr_t entry, unsigned level,
     }
     return true;
   }
-  const Node *node = node_of(entry);
-  const unsigned node_level = level_of(entry);
-  const uintptr_t base = node->base;
-  if (node_level >= level) return false;
-  if ((base & (block_size(node_level + 1) - 1)) != 0) return false;
-  if (base < block || base + block_size(node_level + 1) > block + block_size(level)) return false;
+  if (skipped_of(entry) + 1 > level) return false;
+  const NodeRef node = node_of(entry, level);
+  const uintptr_t base = node.base();
+  if ((base & (block_size(node.level + 1) - 1)) != 0) return false;
+  if (base < block || node.end() > block + block_size(level)) return false;
   ++census.nodes;
-  unsigned used = 0;
+  census.bytes += node.level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+  unsigned used = 0, children = 0;
   const PgtRegion *only = nullptr;
   bool several = false;
-  for (unsigned i = 0; i < kFanout; ++i) {
-    const uintptr_t e = node->slots[i].load(std::memory_order_relaxed);
+  for (unsigned i = 0; i < node.fanout(); ++i) {
+    const uintptr_t e = node.slot(i).load(std::memory_order_relaxed);
     if (e == 0) continue;
     ++used;
     if (is_node(e)) {
+      ++children;
       several = true;
     } else {
       if (only != nullptr && region_of(e) != only) several = true;
       only = region_of(e);
     }
-    if (!check_entry(e, node_level, base + (uintptr_t{i} << slot_shift(node_level)), census)) {
+    if (!check_entry(e, node.level, base + (uintptr_t{i} << slot_shift(node.level)), census)) {
       return false;
     }
+  }
+  if (node.level != 0 && (used != node.inner()->used || children != node.inner()->children)) {
+    return false;
   }
   return used >= 2 && several;  // canonical: a node separates at least two regions
 }
 
-template <unsigned kBitsPerLevel>
-bool RadixPageTable<kBitsPerLevel>::check_invariants() const noexcept {
+MRC_TABLE bool MRC_SELF::check_invariants() const noexcept {
   Census census;
   if (!check_entry(root_.load(std::memory_order_relaxed), kLevels, 0, census)) return false;
   // Every byte of every region is covered by exactly one entry.
   return census.covered == census.region_bytes && census.nodes == node_count() &&
-         census.regions == size();
+         census.bytes == memory_bytes() && census.regions == size();
 }
 
-template class RadixPageTable<2>;
-template class RadixPageTable<3>;
-template class RadixPageTable<4>;
-template class RadixPageTable<5>;
-template class RadixPageTable<6>;
-template class RadixPageTable<7>;
-template class RadixPageTable<8>;
+#undef MRC_TABLE
+#undef MRC_SELF
+
+#define MRC_PGTABLE_INSTANTIATE(inner, leaf) template class RadixPageTable<inner, leaf>;
+MRC_PGTABLE_SHAPES(MRC_PGTABLE_INSTANTIATE)
+#undef MRC_PGTABLE_INSTANTIATE
 
 }  // namespace mrc::detail

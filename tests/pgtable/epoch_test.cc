@@ -269,7 +269,11 @@ TEST_P(EpochTest, ReadersNeverSeeReclaimedObjects) {
     box->alive.store(kPoison, std::memory_order_relaxed);
     delete box;
   };
-  for (int i = 1; i <= kSwaps; ++i) {
+  // Swap at least kSwaps times, and until the readers have really overlapped with the swaps (on
+  // a loaded machine they may start late); a deadline keeps a starved run bounded.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (int i = 1;
+       i <= kSwaps || (reads.load() < 1000 && std::chrono::steady_clock::now() < deadline); ++i) {
     Box *old = current.exchange(new Box{{static_cast<uint64_t>(i)}, {kAlive}});
     domain_.retire(old, poison_and_free);
   }

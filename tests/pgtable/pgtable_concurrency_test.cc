@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -39,7 +40,7 @@ constexpr uintptr_t kFar = 0x100000000000;
 constexpr uintptr_t kTiB = uintptr_t{1} << 40;
 
 #if defined(MRC_TSAN)
-constexpr int kWriterOps = 20'000;
+constexpr int kWriterOps = 60'000;
 #else
 constexpr int kWriterOps = 300'000;
 #endif
@@ -76,7 +77,12 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
     std::mt19937_64 rng(42);
     std::vector<TestRegion *> live;
     uint64_t sequence = 0;
-    for (int op = 0; op < kWriterOps; ++op) {
+    // At least kWriterOps, and until the readers have really run alongside (on a loaded machine
+    // they may start late); a deadline keeps a starved run bounded.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int op = 0; op < kWriterOps || (lookups_seen_.load(std::memory_order_relaxed) < 100'000 &&
+                                         std::chrono::steady_clock::now() < deadline);
+         ++op) {
       const bool add = live.size() < 64 || (live.size() < 4096 && rng() % 2 == 0);
       if (add) {
         TestRegion *region;
@@ -141,6 +147,7 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
       }
       PgtRegion *found = table_.lookup(address);
       ++lookups;
+      if (lookups % 1024 == 0) lookups_seen_.fetch_add(1024, std::memory_order_relaxed);
       if (TestRegion *expected = permanent_at(address)) {
         if (found != expected) failures_.fetch_add(1);  // a present region went missing
       }
@@ -185,6 +192,7 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> failures_{0}, stale_seen_{0}, reclaimed_seen_{0};
   std::atomic<uint64_t> lookups_{0}, hits_{0}, walks_{0};
+  std::atomic<uint64_t> lookups_seen_{0};  // while running, in steps of 1024
   uint64_t removed_ = 0;
   static inline std::mutex graveyard_mutex_;
   static inline std::vector<TestRegion *> graveyard_;

@@ -193,19 +193,26 @@ void run_seeds(size_t operations_per_run) {
   for (uint64_t seed : {1u, 2u, 3u}) {
     for (const Layout &layout : kLayouts) {
       SCOPED_TRACE(::testing::Message() << "seed " << seed << ", layout " << layout.name);
-      Differential<Table> differential(seed * 7919 + Table::kFanout, layout);
+      Differential<Table> differential(seed * 7919 + Table::kInnerFanout + Table::kLeafFanout,
+                                       layout);
       differential.run(operations_per_run);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }
 
-// 9 runs each: 9 * 120,000 = 1,080,000 operations for the production fanout.
-TEST(PgtableDifferential, Fanout64AgainstMapModel) { run_seeds<PageTable>(120'000); }
+// 9 runs each: 9 * 120,000 = 1,080,000 operations for the production shape (PageTable).
+TEST(PgtableDifferential, PageTableAgainstMapModel) { run_seeds<PageTable>(120'000); }
 TEST(PgtableDifferential, Fanout4AgainstMapModel) { run_seeds<detail::RadixPageTable<2>>(30'000); }
 TEST(PgtableDifferential, Fanout16AgainstMapModel) { run_seeds<detail::RadixPageTable<4>>(30'000); }
 TEST(PgtableDifferential, Fanout256AgainstMapModel) {
   run_seeds<detail::RadixPageTable<8>>(30'000);
+}
+TEST(PgtableDifferential, Fanout64Leaves64AgainstMapModel) {
+  run_seeds<detail::RadixPageTable<6>>(30'000);
+}
+TEST(PgtableDifferential, Fanout256Leaves32AgainstMapModel) {
+  run_seeds<detail::RadixPageTable<8, 5>>(30'000);
 }
 
 }  // namespace
