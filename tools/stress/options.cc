@@ -197,6 +197,9 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
                "Do not stop at the first stale registration (report up to 10)");
+  app.add_flag("--verify-mappings", o->verify_mappings,
+               "After every mutation, check in /proc/self/maps that the harness's idea of the "
+               "mapping is right (debugging the harness; slow)");
   app.add_option("--progress-interval", o->progress_interval_s,
                  "Seconds between progress lines (default 0.5 on a terminal, 10 otherwise)")
       ->check(CLI::NonNegativeNumber);

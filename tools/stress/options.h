@@ -57,6 +57,7 @@ struct Options {
   std::string json_path;
   bool quiet = false;
   bool keep_going = false;
+  bool verify_mappings = false;
   double progress_interval_s = 0;  // 0 = 0.5 s on a terminal, 10 s otherwise
   std::string rdma_device;
   int gid_index = 0;

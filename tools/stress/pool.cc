@@ -79,6 +79,29 @@ void Pool::record(Slot &slot, const Mutation &mutation) {
   ++log_total_;
 }
 
+namespace {
+
+// How much of a failed move arrived at the PROT_NONE reservation [target, target+len): the
+// length of the read-write mappings at its start (the moved VMAs keep their protection).
+size_t moved_prefix(uintptr_t target, size_t len) {
+  std::FILE *maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return 0;
+  uintptr_t covered = target;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered || lo >= target + len) continue;
+    if (lo > covered || perms[0] == '-') break;  // the reservation (---p) or a gap
+    covered = std::min<uintptr_t>(hi, target + len);
+  }
+  std::fclose(maps);
+  return covered - target;
+}
+
+}  // namespace
+
 Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
   const size_t page = page_size();
   Mutation m;
@@ -106,10 +129,9 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
   };
 
   void *const old_addr = reinterpret_cast<void *>(slot.start);
-  // A fresh mapping in place of the old one. After a failed mremap too: the kernel may have
-  // moved part of the mapping before it stopped (Linux 6.17+ moves VMA by VMA and refuses one
-  // registered with a userfaultfd, returning EFAULT with the first VMAs already moved), so
-  // what is left where is unknown: unmap all of it and start afresh.
+  // A fresh mapping in place of the old one (remap; and after a failed grow or shrink, which
+  // leave the mapping as it was, so that a slot the kernel refuses to resize does not stay
+  // stuck).
   auto replace = [&] {
     const int saved = errno;
     if (slot.start != 0) munmap(old_addr, slot.len);
@@ -137,8 +159,17 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
       void *moved = mremap(old_addr, slot.len, slot.len, MREMAP_MAYMOVE | MREMAP_FIXED, target);
       if (moved == MAP_FAILED) {
         m.error = errno;
+        // Linux 6.17+ moves a multi-VMA range VMA by VMA and stops at one it refuses (one
+        // registered with a userfaultfd): the first `moved_len` bytes are now at the target and
+        // their old place is free address space that another thread may already have mapped.
+        // Unmap only what is still ours: the part left behind and the whole target.
+        const size_t moved_len = moved_prefix(reinterpret_cast<uintptr_t>(target), slot.len);
+        if (moved_len < slot.len)
+          munmap(static_cast<char *>(old_addr) + moved_len, slot.len - moved_len);
         munmap(target, slot.len);
-        replace();
+        slot.start = 0;
+        slot.len = 0;
+        (void)replace();
         break;
       }
       slot.start = reinterpret_cast<uintptr_t>(moved);
@@ -213,6 +244,40 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
   m.time_ns = now_ns() - start_ns_;
   record(slot, m);
   return m;
+}
+
+std::string Pool::check_mapped(const Slot &slot) {
+  if (slot.start == 0) return "";
+  const uintptr_t end = slot.start + slot.len;
+  std::string wrong;
+  // /proc/self/maps is read in pieces while other threads change their mappings, so one read
+  // can be torn: only a range found wrong three times in a row is reported.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::FILE *maps = std::fopen("/proc/self/maps", "r");
+    if (maps == nullptr) return "";
+    uintptr_t covered = slot.start;
+    bool ok = false;
+    std::string lines;
+    char line[512];
+    while (std::fgets(line, sizeof line, maps) != nullptr) {
+      unsigned long lo = 0, hi = 0;
+      char perms[8] = {};
+      if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+      if (hi <= slot.start || lo >= end) continue;
+      lines += std::string("\n      ") + line;
+      if (lines.back() == '\n') lines.pop_back();
+      if (lo <= covered && hi > covered && perms[0] == 'r' && perms[1] == 'w') covered = hi;
+    }
+    std::fclose(maps);
+    ok = covered >= end;
+    if (ok) return "";
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "slot %d: [%#lx, +%s) is not mapped read-write from %#lx",
+                  slot.index, static_cast<unsigned long>(slot.start), format_size(slot.len).c_str(),
+                  static_cast<unsigned long>(covered));
+    wrong = buf + std::string("; /proc/self/maps there:") + (lines.empty() ? " nothing" : lines);
+  }
+  return wrong;
 }
 
 std::vector<Mutation> Pool::history(const Slot &slot) const {

@@ -78,6 +78,10 @@ class Pool {
   // REQUIRES: slot.lock held exclusively.
   Mutation mutate(Slot &slot, MutationKind kind, Rng &rng);
 
+  // "" when [start, start+len) is mapped read-write, else what is wrong (--verify-mappings:
+  // a check of the harness's own bookkeeping). REQUIRES: slot.lock held.
+  static std::string check_mapped(const Slot &slot);
+
   // The slot's recent mutations, oldest first. REQUIRES: slot.lock held (either way).
   std::vector<Mutation> history(const Slot &slot) const;
   // Recent mutations of any slot that touched [start, start+len), oldest first.

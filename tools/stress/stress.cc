@@ -504,6 +504,16 @@ void mutator(Run &run, unsigned index) {
       Slot &slot = run.pool->slot(rng.below(run.pool->size()));
       slot.lock.lock();
       const Mutation m = run.pool->mutate(slot, chosen, rng);
+      if (run.opt.verify_mappings) {
+        const std::string wrong = Pool::check_mapped(slot);
+        if (!wrong.empty()) {
+          c.errors.fetch_add(1, std::memory_order_relaxed);
+          std::string history;
+          for (const Mutation &h : run.pool->history(slot)) history += "\n    " + describe(h);
+          add_error(run, "harness: after " + describe(m) + ": " + wrong + history);
+          run.stop.store(true, std::memory_order_relaxed);
+        }
+      }
       slot.lock.unlock();
       c.mutations[static_cast<size_t>(m.kind)].fetch_add(1, std::memory_order_relaxed);
       if (m.error != 0)

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Benchmarks: builds mrcache-bench (Release) and runs it (the page table, the monitor, the
+# backends and the cache; each against UCX in the same run when libucx-dev is installed), then
+# writes into the results directory:
+#   bench.json   Google Benchmark's JSON (--benchmark_out)
+#   bench.log    the console output (including bench_pgtable's own ratio summary)
+#   results.md   a Markdown table of every figure and of the mrcache/UCX ratios
+#   bench.png    lookup latency versus regions, hit throughput versus threads (gnuplot)
+#
+# How figures are paired with their UCX twin (tools/bench-report/bench_report.cc): the names
+# differ in one place only — a path component "ours" <-> "ucx" (PgtLookup/ours/dense/1000 <->
+# PgtLookup/ucx/dense/1000), or the first component BM_<Family><Workload> <->
+# BM_Ucx<UcxFamily><Workload> with Cache <-> Rcache, Pgt <-> Pgtable, Monitor <-> Ucm, X <-> X
+# (BM_CacheHit/shared:0/real_time/threads:2 <-> BM_UcxRcacheHit/shared:0/real_time/threads:2).
+# A new benchmark file gets compared with UCX by following one of these two forms.
+#
+# usage: scripts/bench.sh [-B BUILD_DIR] [--no-setup] [-j N] [-o DIR] [--filter REGEX]
+#                         [--repetitions N] [--min-time SECONDS] [-- CMAKE_ARGS...]
+#   -B DIR           build directory (default: build-release/ in the repository)
+#   -o DIR           results directory (default: bench-results/ in the repository)
+#   --filter REGEX   only these benchmarks (--benchmark_filter), e.g. 'Pgt|Hit'
+#   --repetitions N  run each benchmark N times and report the median (default 1)
+#   --min-time S     minimum time per benchmark (Google Benchmark's default: 0.5)
+#   --no-build       use the mrcache-bench already built in BUILD_DIR
+# env: MRC_BENCH_ARGS (more mrcache-bench arguments)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+: "${MRC_BUILD_DIR:=$repo/build-release}"
+# shellcheck source=scripts/lib/build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/build.sh"
+mrc_parse_args "$@"
+
+results=$repo/bench-results
+filter=
+repetitions=1
+min_time=
+build=1
+set -- "${mrc_rest_args[@]+"${mrc_rest_args[@]}"}"
+while (($#)); do
+  case $1 in
+    -o) results=$2; shift 2 ;;
+    --filter) filter=$2; shift 2 ;;
+    --repetitions) repetitions=$2; shift 2 ;;
+    --min-time) min_time=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    *) echo "bench.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $results == /* ]] || results=$PWD/$results
+
+if ((build)); then
+  mrc_run_setup
+  # Release: the figures are what users get. Later arguments win over mrc_configure's defaults.
+  mrc_extra_cmake_args=(-DCMAKE_BUILD_TYPE=Release "${mrc_extra_cmake_args[@]+"${mrc_extra_cmake_args[@]}"}")
+  mrc_configure
+  if ! cmake --build "$mrc_build_dir" --target help 2>/dev/null | grep -q '^mrcache-bench:'; then
+    echo "bench.sh: this tree has no mrcache-bench target (no tools/bench/bench_*.cc yet?)" >&2
+    exit 1
+  fi
+  mrc_build --target mrcache-bench mrcache-bench-report
+fi
+bench=$mrc_build_dir/tools/bench/mrcache-bench
+report=$mrc_build_dir/tools/bench-report/mrcache-bench-report
+for program in "$bench" "$report"; do
+  [[ -x $program ]] || { echo "bench.sh: $program is missing" >&2; exit 1; }
+done
+
+mkdir -p "$results"
+args=(--benchmark_out="$results/bench.json" --benchmark_out_format=json)
+[[ -n $filter ]] && args+=(--benchmark_filter="$filter")
+if ((repetitions > 1)); then
+  args+=(--benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true)
+fi
+[[ -n $min_time ]] && args+=(--benchmark_min_time="$min_time")
+# shellcheck disable=SC2206
+args+=(${MRC_BENCH_ARGS:-})
+
+mrc_log "$bench ${args[*]}"
+"$bench" "${args[@]}" 2>&1 | tee "$results/bench.log"
+status=${PIPESTATUS[0]}
+if ((status != 0)); then
+  echo "bench.sh: mrcache-bench failed (exit $status); see $results/bench.log" >&2
+  exit "$status"
+fi
+
+mrc_log "report"
+flags=$("$report" "$results/bench.json" "$results")
+grep -v '^plot_' <<<"$flags" || true
+have_lookup=$(sed -n 's/^plot_lookup=//p' <<<"$flags")
+have_hits=$(sed -n 's/^plot_hits=//p' <<<"$flags")
+if command -v gnuplot >/dev/null; then
+  gnuplot -e "dir='$results'; have_lookup=${have_lookup:-0}; have_hits=${have_hits:-0}" \
+    "$repo/scripts/bench-report.gp"
+  echo "plot: $results/bench.png"
+else
+  echo "bench.sh: gnuplot is not installed (scripts/setup.sh installs gnuplot-nox): no plot" >&2
+fi
+echo
+cat "$results/results.md"

@@ -1,0 +1,96 @@
+// mrcache-bench-report on a small Google Benchmark JSON: the pairing convention, the ratios,
+// medians of repetitions, and the plot data.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/tools/tools_test.h"
+
+namespace {
+
+constexpr const char *kFixture = R"({
+  "context": {"date": "2026-01-01T00:00:00", "host_name": "test", "num_cpus": 2,
+              "mhz_per_cpu": 3000, "library_build_type": "release", "load_avg": [0.5, 0.4, 0.3]},
+  "benchmarks": [
+    {"name": "PgtLookup/ours/dense/1000", "run_name": "PgtLookup/ours/dense/1000",
+     "run_type": "iteration", "threads": 1, "iterations": 100, "real_time": 10.0,
+     "cpu_time": 10.0, "time_unit": "ns", "B/region": 24.0},
+    {"name": "PgtLookup/ucx/dense/1000", "run_name": "PgtLookup/ucx/dense/1000",
+     "run_type": "iteration", "threads": 1, "iterations": 100, "real_time": 40.0,
+     "cpu_time": 40.0, "time_unit": "ns", "B/region": 96.0},
+    {"name": "PgtLookup/ours/dense/1000000", "run_name": "PgtLookup/ours/dense/1000000",
+     "run_type": "iteration", "threads": 1, "iterations": 100, "real_time": 0.02,
+     "cpu_time": 0.02, "time_unit": "us"},
+    {"name": "BM_CacheHit/shared:0/real_time/threads:2",
+     "run_name": "BM_CacheHit/shared:0/real_time/threads:2", "run_type": "aggregate",
+     "aggregate_name": "mean", "threads": 2, "real_time": 999.0, "time_unit": "ns"},
+    {"name": "BM_CacheHit/shared:0/real_time/threads:2_median",
+     "run_name": "BM_CacheHit/shared:0/real_time/threads:2", "run_type": "aggregate",
+     "aggregate_name": "median", "threads": 2, "real_time": 20.0, "time_unit": "ns",
+     "items_per_second": 1.0e8},
+    {"name": "BM_UcxRcacheHit/shared:0/real_time/threads:2_median",
+     "run_name": "BM_UcxRcacheHit/shared:0/real_time/threads:2", "run_type": "aggregate",
+     "aggregate_name": "median", "threads": 2, "real_time": 200.0, "time_unit": "ns",
+     "items_per_second": 1.0e7},
+    {"name": "BM_BackendNullRegDereg/0", "run_name": "BM_BackendNullRegDereg/0",
+     "run_type": "iteration", "threads": 1, "iterations": 10, "real_time": 5.0,
+     "time_unit": "ns", "label": "no context"}
+  ]
+})";
+
+std::string slurp(const std::string &path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(BenchReport, PairsOursWithUcxAndWritesPlotData) {
+  const std::string dir = testing::TempDir() + "mrc-bench-report-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/bench.json") << kFixture;
+  const auto result =
+      mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find("plot_lookup=1"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("plot_hits=1"), std::string::npos) << result.output;
+
+  const std::string md = slurp(dir + "/results.md");
+  // "ours" <-> "ucx" path component; time and the B/region counter both compared.
+  EXPECT_NE(
+      md.find("| PgtLookup/ours/dense/1000 | 10.0 ns | 40.0 ns | 0.25 | B/region 24 vs 96 (0.25)"),
+      std::string::npos)
+      << md;
+  // BM_Cache<Work> <-> BM_UcxRcache<Work>, the median of the repetitions (not the mean).
+  EXPECT_NE(md.find("| BM_CacheHit/shared:0/real_time/threads:2 | 20.0 ns | 200.0 ns | 0.10 |"),
+            std::string::npos)
+      << md;
+  EXPECT_EQ(md.find("999"), std::string::npos) << "the mean was used instead of the median";
+  // Unpaired figures are listed too.
+  EXPECT_NE(md.find("BM_BackendNullRegDereg/0"), std::string::npos);
+  EXPECT_NE(md.find("no context"), std::string::npos);
+
+  const std::string lookup = slurp(dir + "/lookup.dat");
+  EXPECT_NE(lookup.find("\"mrcache dense\"\n1000 10\n1e+06 20"), std::string::npos) << lookup;
+  EXPECT_NE(lookup.find("\"UCX dense\"\n1000 40"), std::string::npos) << lookup;
+  const std::string hits = slurp(dir + "/hits.dat");
+  EXPECT_NE(hits.find("\"mrcache, a region per thread\"\n2 100"), std::string::npos) << hits;
+  EXPECT_NE(hits.find("\"UCX, a region per thread\"\n2 10"), std::string::npos) << hits;
+
+  for (const char *file : {"bench.json", "results.md", "lookup.dat", "hits.dat"}) {
+    unlink((dir + "/" + file).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
+TEST(BenchReport, UsageErrorWithoutArguments) {
+  const auto result = mrc_tools_test::run(MRC_BENCH_REPORT_PATH);
+  EXPECT_EQ(result.status, 2);
+  EXPECT_NE(result.output.find("usage"), std::string::npos);
+}
+
+}  // namespace

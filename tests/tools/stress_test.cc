@@ -1,0 +1,176 @@
+// mrcache-stress and mrcache-info as a user runs them: short runs that must pass, a run with
+// injected failures that must end cleanly, and a deliberately blind monitor that the oracle must
+// catch (the proof that the oracle can fail).
+#include <unistd.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "mrcache/mrcache.h"
+#include "tests/tools/tools_test.h"
+
+namespace {
+
+using mrc_tools_test::read_json;
+using mrc_tools_test::run;
+
+const std::string kStress = MRC_STRESS_PATH;
+const std::string kInfo = MRC_INFO_PATH;
+
+std::string temp_path(const std::string &name) {
+  return testing::TempDir() + "mrc-tools-" + std::to_string(getpid()) + "-" + name;
+}
+
+bool monitor_uncached() {
+  mrc_monitor_info_t info{};
+  return mrc_monitor_info(&info) == MRC_OK && info.mode == MRC_MONITOR_UNCACHED;
+}
+
+TEST(StressTool, HelpExplainsTheToolAndItsOptions) {
+  const auto result = run(kStress + " --help");
+  EXPECT_EQ(result.status, 0) << result.output;
+  for (const char *text : {"Usage:", "--duration", "--threads", "--backend", "--fail-rate",
+                           "--json", "--seed", "oracle", "Exit status", "Examples"}) {
+    EXPECT_NE(result.output.find(text), std::string::npos) << "--help lacks " << text;
+  }
+}
+
+TEST(StressTool, BadOptionsAreUsageErrors) {
+  EXPECT_EQ(run(kStress + " --threads 0").status, 2);
+  EXPECT_EQ(run(kStress + " --backend nosuch").status, 2);
+  EXPECT_EQ(run(kStress + " --mix nosuch=1").status, 2);
+  EXPECT_EQ(run(kStress + " --oracle iouring --backend null").status, 2);
+  EXPECT_EQ(run("MRC_MAX_BYTES=12q " + kStress + " -d 1").status, 2);
+}
+
+// The main job, short: the defaults for five seconds, no stale use, no leak, no error.
+TEST(StressTool, FiveSecondsWithTheDefaultsPass) {
+  const std::string json_path = temp_path("default.json");
+  const auto result = run(kStress + " -d 5 --json " + json_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  const auto summary = read_json(json_path);
+  ASSERT_TRUE(summary.is_object()) << "no JSON summary; output:\n" << result.output;
+  EXPECT_TRUE(summary["passed"].get<bool>());
+  EXPECT_EQ(summary["stale"].get<uint64_t>(), 0u);
+  EXPECT_EQ(summary["errors"].get<uint64_t>(), 0u);
+  EXPECT_EQ(summary["leak_count"].get<uint64_t>(), 0u) << summary["leaks"].dump();
+  EXPECT_GT(summary["ops"].get<uint64_t>(), 0u);
+  EXPECT_GT(summary["checked_regions"].get<uint64_t>(), 0u) << "the oracle checked nothing";
+  EXPECT_EQ(summary["backend"], "iouring");
+  EXPECT_EQ(summary["oracle"], "iouring");
+  for (const char *key : {"seed", "monitor_mode", "duration_s", "hits", "misses", "invalidations",
+                          "injected_failures", "mutations", "figures", "cache_stats"}) {
+    EXPECT_TRUE(summary.contains(key)) << "the JSON summary lacks " << key;
+  }
+  EXPECT_NE(result.output.find("PASSED"), std::string::npos);
+  EXPECT_NE(result.output.find("seed"), std::string::npos);
+  unlink(json_path.c_str());
+}
+
+// Injected backend failures are counted, expected, and leave nothing behind.
+TEST(StressTool, InjectedFailuresAreCountedAndTheRunEndsCleanly) {
+  const std::string json_path = temp_path("fail.json");
+  const auto result = run(kStress + " -d 5 -q --fail-rate 0.1 --json " + json_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  const auto summary = read_json(json_path);
+  ASSERT_TRUE(summary.is_object()) << result.output;
+  EXPECT_GT(summary["injected_failures"].get<uint64_t>(), 0u);
+  EXPECT_GT(summary["injected_by_backend"].get<uint64_t>(), 0u);
+  EXPECT_EQ(summary["errors"].get<uint64_t>(), 0u) << summary["error_samples"].dump();
+  EXPECT_EQ(summary["leak_count"].get<uint64_t>(), 0u) << summary["leaks"].dump();
+  EXPECT_EQ(summary["registrations"], summary["deregistrations"]);
+  unlink(json_path.c_str());
+}
+
+TEST(StressTool, NullBackendWithInjectedFailures) {
+  // The pfn oracle reads page frames, which /proc/self/pagemap shows to root only.
+  const std::string oracle = geteuid() == 0 ? "" : " --oracle none";
+  const std::string json_path = temp_path("null.json");
+  const auto result =
+      run(kStress + " -d 3 -q --backend null --fail-rate 0.1" + oracle + " --json " + json_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  const auto summary = read_json(json_path);
+  ASSERT_TRUE(summary.is_object()) << result.output;
+  EXPECT_GT(summary["injected_by_backend"].get<uint64_t>(), 0u);
+  EXPECT_EQ(summary["leak_count"].get<uint64_t>(), 0u) << summary["leaks"].dump();
+  unlink(json_path.c_str());
+}
+
+// The proof that the oracle can fail: with the monitor's test-only switch, events are read but
+// never published, so the cache keeps handing out registrations of memory that is gone. The
+// oracle must say so within seconds, and the run must fail.
+TEST(StressTool, OracleCatchesABlindMonitorWithinSeconds) {
+  if (monitor_uncached()) {
+    GTEST_SKIP() << "no userfaultfd here: nothing is cached, so a blind monitor cannot make "
+                    "anything stale";
+  }
+  const std::string json_path = temp_path("blind.json");
+  const auto result = run("MRC_TEST_DROP_EVENTS=1 " + kStress + " -d 30 -q --json " + json_path);
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("STALE"), std::string::npos) << result.output;
+  const auto summary = read_json(json_path);
+  ASSERT_TRUE(summary.is_object()) << result.output;
+  EXPECT_GT(summary["stale"].get<uint64_t>(), 0u);
+  EXPECT_FALSE(summary["passed"].get<bool>());
+  EXPECT_LT(summary["duration_s"].get<double>(), 10.0) << "caught, but not within seconds";
+  ASSERT_FALSE(summary["stale_reports"].empty());
+  const std::string report = summary["stale_reports"][0].get<std::string>();
+  EXPECT_NE(report.find("seed"), std::string::npos) << report;
+  unlink(json_path.c_str());
+}
+
+// Without a terminal, progress comes as plain lines, not carriage returns.
+TEST(StressTool, PlainProgressLinesWithoutATerminal) {
+  const auto result = run(kStress + " -d 3 --slots 1 --progress-interval 1");
+  EXPECT_EQ(result.output.find('\r'), std::string::npos);
+  size_t lines = 0;
+  for (size_t at = 0; (at = result.output.find("ops/s", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_GE(lines, 2u) << result.output;
+}
+
+TEST(InfoTool, PrintsTheMonitorModeAndTheConfiguration) {
+  const auto result = run(kInfo);
+  EXPECT_EQ(result.status, 0) << result.output;
+  mrc_monitor_info_t info{};
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  EXPECT_NE(result.output.find(std::string("mode       ") + info.mode_name), std::string::npos)
+      << result.output;
+  for (const char *text : {"MRC_MAX_REGIONS", "MRC_MAX_BYTES", "MRC_MAX_UNRELEASED",
+                           "MRC_PURGE_ON_FORK", "MRC_MONITOR", "MRC_VERIFY_PFN", "MRC_LOG_LEVEL",
+                           "MRC_STATS", "vm.max_map_count", "RLIMIT_MEMLOCK", "iouring", "verbs"}) {
+    EXPECT_NE(result.output.find(text), std::string::npos) << "mrcache-info lacks " << text;
+  }
+}
+
+TEST(InfoTool, ShowsEffectiveValuesWithUnitsAndRejectsBadOnes) {
+  auto result = run("MRC_MAX_BYTES=64k MRC_MONITOR=off " + kInfo);
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find("64 KiB"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("uncached"), std::string::npos) << result.output;
+  result = run("MRC_MAX_BYTES=64q " + kInfo);
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("MRC_MAX_BYTES=64q"), std::string::npos) << result.output;
+}
+
+TEST(InfoTool, JsonHasEverySection) {
+  const std::string json_path = temp_path("info.json");
+  const auto result = run(kInfo + " --json > " + json_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  const auto info = read_json(json_path);
+  ASSERT_TRUE(info.is_object());
+  for (const char *key : {"version", "configuration", "monitor", "limits", "backends"}) {
+    EXPECT_TRUE(info.contains(key)) << key;
+  }
+  EXPECT_EQ(info["configuration"].size(), 8u);
+  EXPECT_TRUE(info["monitor"].contains("mode"));
+  EXPECT_TRUE(info["backends"].contains("iouring"));
+  unlink(json_path.c_str());
+}
+
+TEST(InfoTool, Help) {
+  const auto result = run(kInfo + " --help");
+  EXPECT_EQ(result.status, 0);
+  EXPECT_NE(result.output.find("--json"), std::string::npos);
+}
+
+}  // namespace

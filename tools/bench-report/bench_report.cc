@@ -1,0 +1,334 @@
+// mrcache-bench-report: turns mrcache-bench's Google Benchmark JSON into a Markdown table of
+// figures and mrcache/UCX ratios, and the data files scripts/bench-report.gp plots.
+//
+//   mrcache-bench-report BENCH.json OUT_DIR
+//   writes OUT_DIR/results.md, OUT_DIR/lookup.dat, OUT_DIR/hits.dat
+//
+// Pairing (the naming convention of tools/bench/bench_*.cc): a benchmark of ours and its UCX
+// twin, measured in the same run, differ in one place only:
+//   - a path component "ours" <-> "ucx":         PgtLookup/ours/dense/1000 <->
+//   PgtLookup/ucx/dense/1000
+//   - the first component "BM_<Family><Work>" <-> "BM_Ucx<UcxFamily><Work>", where the families
+//     are Cache <-> Rcache, Pgt <-> Pgtable, Monitor <-> Ucm, and any X <-> X:
+//     BM_CacheHit/shared:0/real_time/threads:2 <-> BM_UcxRcacheHit/shared:0/real_time/threads:2
+// With --benchmark_repetitions, the median of the repetitions is used.
+// Plots: lookup latency versus regions from PgtLookup/<impl>/<layout>/<regions>; hit throughput
+// versus threads from BM_CacheHit and BM_UcxRcacheHit (items_per_second).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+
+struct Figure {
+  std::string name;
+  double ns = NAN;  // real time per iteration
+  double items_per_second = NAN;
+  int threads = 1;
+  std::string label;
+  std::string error;
+  std::map<std::string, double> counters;
+};
+
+double to_ns(double value, const std::string &unit) {
+  if (unit == "us") return value * 1e3;
+  if (unit == "ms") return value * 1e6;
+  if (unit == "s") return value * 1e9;
+  return value;
+}
+
+// Keys of a benchmark entry that are not user counters.
+bool standard_key(const std::string &key) {
+  static const char *const kKeys[] = {"name",
+                                      "family_index",
+                                      "per_family_instance_index",
+                                      "run_name",
+                                      "run_type",
+                                      "repetitions",
+                                      "repetition_index",
+                                      "threads",
+                                      "iterations",
+                                      "real_time",
+                                      "cpu_time",
+                                      "time_unit",
+                                      "items_per_second",
+                                      "bytes_per_second",
+                                      "label",
+                                      "aggregate_name",
+                                      "aggregate_unit",
+                                      "error_occurred",
+                                      "error_message"};
+  for (const char *k : kKeys) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+std::map<std::string, Figure> load(const json &doc) {
+  std::map<std::string, Figure> iterations, medians;
+  for (const json &b : doc.at("benchmarks")) {
+    const std::string run_type = b.value("run_type", "iteration");
+    const bool median = run_type == "aggregate" && b.value("aggregate_name", "") == "median";
+    if (run_type != "iteration" && !median) continue;
+    Figure f;
+    f.name = b.value("run_name", b.value("name", "?"));
+    f.threads = b.value("threads", 1);
+    f.label = b.value("label", "");
+    if (b.value("error_occurred", false)) f.error = b.value("error_message", "error");
+    if (b.contains("real_time")) {
+      f.ns = to_ns(b["real_time"].get<double>(), b.value("time_unit", "ns"));
+    }
+    if (b.contains("items_per_second")) f.items_per_second = b["items_per_second"].get<double>();
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      if (!standard_key(it.key()) && it->is_number()) f.counters[it.key()] = it->get<double>();
+    }
+    (median ? medians : iterations)[f.name] = f;
+  }
+  for (auto &[name, f] : medians) iterations[name] = f;
+  return iterations;
+}
+
+std::vector<std::string> split(const std::string &name) {
+  std::vector<std::string> parts;
+  std::stringstream stream(name);
+  std::string part;
+  while (std::getline(stream, part, '/')) parts.push_back(part);
+  return parts;
+}
+
+std::string join(const std::vector<std::string> &parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i != 0 ? "/" : "") + parts[i];
+  return out;
+}
+
+// The names a UCX twin of `ours` may have (see the convention at the top).
+std::vector<std::string> twin_candidates(const std::string &ours) {
+  std::vector<std::string> out;
+  std::vector<std::string> parts = split(ours);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i] == "ours") {
+      std::vector<std::string> twin = parts;
+      twin[i] = "ucx";
+      out.push_back(join(twin));
+    }
+  }
+  if (!parts.empty() && parts[0].rfind("BM_", 0) == 0 && parts[0].rfind("BM_Ucx", 0) != 0) {
+    const std::string rest = parts[0].substr(3);
+    static const std::pair<const char *, const char *> kFamilies[] = {
+        {"Cache", "Rcache"}, {"Pgt", "Pgtable"}, {"Monitor", "Ucm"}};
+    std::vector<std::string> firsts = {"BM_Ucx" + rest};
+    for (const auto &[mine, theirs] : kFamilies) {
+      if (rest.rfind(mine, 0) == 0)
+        firsts.push_back("BM_Ucx" + std::string(theirs) + rest.substr(std::strlen(mine)));
+    }
+    for (const std::string &first : firsts) {
+      std::vector<std::string> twin = parts;
+      twin[0] = first;
+      out.push_back(join(twin));
+    }
+  }
+  return out;
+}
+
+bool is_ucx(const std::string &name) {
+  for (const std::string &part : split(name)) {
+    if (part == "ucx") return true;
+  }
+  return name.rfind("BM_Ucx", 0) == 0;
+}
+
+std::string time_text(double ns) {
+  if (std::isnan(ns)) return "-";
+  char buf[32];
+  if (ns < 10) {
+    std::snprintf(buf, sizeof buf, "%.2f ns", ns);
+  } else if (ns < 1e3) {
+    std::snprintf(buf, sizeof buf, "%.1f ns", ns);
+  } else if (ns < 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2f us", ns / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f ms", ns / 1e6);
+  }
+  return buf;
+}
+
+std::string number_text(double v) {
+  if (std::isnan(v)) return "-";
+  char buf[32];
+  const double a = std::fabs(v);
+  if (a >= 1e9) {
+    std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  } else if (a >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  } else if (a >= 1e4) {
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  } else if (a >= 100 || a == std::floor(a)) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+  }
+  return buf;
+}
+
+std::string ratio_text(double ours, double theirs) {
+  if (std::isnan(ours) || std::isnan(theirs) || theirs <= 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", ours / theirs);
+  return buf;
+}
+
+// Throughput of a figure in operations per second, for the hit plot.
+double throughput(const Figure &f) {
+  if (!std::isnan(f.items_per_second)) return f.items_per_second;
+  if (std::isnan(f.ns) || f.ns <= 0) return NAN;
+  return 1e9 / f.ns * f.threads;
+}
+
+std::string markdown(const json &doc, const std::map<std::string, Figure> &figures) {
+  std::ostringstream md;
+  const json context = doc.value("context", json::object());
+  md << "## mrcache-bench results\n\n";
+  md << "Run " << context.value("date", "?") << " on " << context.value("host_name", "?") << " ("
+     << context.value("num_cpus", 0) << " CPUs";
+  if (context.contains("mhz_per_cpu")) md << " at " << context["mhz_per_cpu"].get<long>() << " MHz";
+  md << "; load average";
+  if (context.contains("load_avg")) {
+    for (const json &load : context["load_avg"]) md << " " << number_text(load.get<double>());
+  }
+  md << "). Library build: " << context.value("library_build_type", "?")
+     << ". Times are wall-clock per operation";
+  bool repeated = false;
+  for (const json &b : doc.at("benchmarks"))
+    repeated = repeated || b.value("run_type", "") == "aggregate";
+  md << (repeated ? " (median of the repetitions)" : "") << ".\n\n";
+
+  // mrcache versus UCX.
+  struct Pair {
+    const Figure *ours, *ucx;
+  };
+  std::vector<Pair> pairs;
+  for (const auto &[name, f] : figures) {
+    if (is_ucx(name)) continue;
+    for (const std::string &candidate : twin_candidates(name)) {
+      const auto it = figures.find(candidate);
+      if (it != figures.end()) {
+        pairs.push_back({&f, &it->second});
+        break;
+      }
+    }
+  }
+  if (pairs.empty()) {
+    md << "No UCX comparison in this run (mrcache-bench was built without UCX's headers: "
+          "install libucx-dev).\n\n";
+  } else {
+    md << "### mrcache versus UCX, measured in the same run\n\n"
+       << "Ratio = mrcache / UCX: below 1, mrcache is faster (or smaller).\n\n"
+       << "| workload | mrcache | UCX | ratio | other figures (mrcache vs UCX) |\n"
+       << "|---|---:|---:|---:|---|\n";
+    for (const Pair &p : pairs) {
+      std::string others;
+      for (const auto &[key, value] : p.ours->counters) {
+        const auto it = p.ucx->counters.find(key);
+        if (it == p.ucx->counters.end()) continue;
+        others += (others.empty() ? "" : "; ") + key + " " + number_text(value) + " vs " +
+                  number_text(it->second) + " (" + ratio_text(value, it->second) + ")";
+      }
+      if (p.ours->threads > 1 || !std::isnan(p.ours->items_per_second)) {
+        others += std::string(others.empty() ? "" : "; ") + "ops/s " +
+                  number_text(throughput(*p.ours)) + " vs " + number_text(throughput(*p.ucx));
+      }
+      md << "| " << p.ours->name << " | " << time_text(p.ours->ns) << " | " << time_text(p.ucx->ns)
+         << " | " << ratio_text(p.ours->ns, p.ucx->ns) << " | " << others << " |\n";
+    }
+    md << "\n";
+  }
+
+  md << "### Every figure\n\n| benchmark | time/op | ops/s | counters | label |\n"
+     << "|---|---:|---:|---|---|\n";
+  for (const auto &[name, f] : figures) {
+    std::string counters;
+    for (const auto &[key, value] : f.counters) {
+      counters += (counters.empty() ? "" : ", ") + key + " " + number_text(value);
+    }
+    md << "| " << name << " | " << (f.error.empty() ? time_text(f.ns) : "error: " + f.error)
+       << " | " << number_text(f.items_per_second) << " | " << counters << " | " << f.label
+       << " |\n";
+  }
+  return md.str();
+}
+
+// One gnuplot data block per series: a title line, then "x y" rows; blocks separated by two
+// blank lines (gnuplot's `index`). Returns the number of series written.
+int write_series(const std::string &path,
+                 const std::map<std::string, std::map<double, double>> &series) {
+  std::ofstream out(path);
+  int count = 0;
+  for (const auto &[title, points] : series) {
+    if (points.empty()) continue;
+    if (count != 0) out << "\n\n";
+    out << '"' << title << "\"\n";
+    for (const auto &[x, y] : points) out << x << ' ' << y << '\n';
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    std::fprintf(stderr,
+                 "usage: mrcache-bench-report BENCH.json OUT_DIR\n"
+                 "  writes OUT_DIR/results.md (figures and mrcache/UCX ratios) and the data\n"
+                 "  files of scripts/bench-report.gp (lookup.dat, hits.dat)\n");
+    return 2;
+  }
+  json doc;
+  try {
+    std::ifstream in(argv[1]);
+    if (!in) throw std::runtime_error(std::string("cannot open ") + argv[1]);
+    in >> doc;
+    const std::map<std::string, Figure> figures = load(doc);
+    const std::string dir = argv[2];
+
+    std::ofstream(dir + "/results.md") << markdown(doc, figures);
+
+    static const std::regex kLookup(R"(PgtLookup/(ours|ucx)/(\w+)/(\d+))");
+    static const std::regex kHit(R"(BM_(Cache|UcxRcache)Hit/shared:(\d)/.*threads:(\d+))");
+    std::map<std::string, std::map<double, double>> lookup, hits;
+    for (const auto &[name, f] : figures) {
+      std::smatch m;
+      if (std::regex_match(name, m, kLookup) && f.error.empty()) {
+        const std::string title =
+            std::string(m[1] == "ours" ? "mrcache" : "UCX") + " " + m[2].str();
+        lookup[title][std::stod(m[3])] = f.ns;
+      } else if (std::regex_match(name, m, kHit) && f.error.empty()) {
+        const std::string title = std::string(m[1] == "Cache" ? "mrcache" : "UCX") +
+                                  (m[2] == "1" ? ", one shared region" : ", a region per thread");
+        hits[title][std::stod(m[3])] = throughput(f) / 1e6;
+      }
+    }
+    const int lookup_series = write_series(dir + "/lookup.dat", lookup);
+    const int hit_series = write_series(dir + "/hits.dat", hits);
+    std::printf(
+        "mrcache-bench-report: %zu figures; %s/results.md; plot series: %d lookup, %d hit\n",
+        figures.size(), dir.c_str(), lookup_series, hit_series);
+    std::printf("plot_lookup=%d\nplot_hits=%d\n", lookup_series > 0 ? 1 : 0,
+                hit_series > 0 ? 1 : 0);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mrcache-bench-report: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
