@@ -615,13 +615,20 @@ void *monitor_main(void *arg) {
 
 // ---- lifecycle (REQUIRES: g.mutex) ----
 
-void close_run_locked() noexcept {
+void close_run_locked(bool in_forked_child = false) noexcept {
   if (g.uffd >= 0) close(g.uffd);  // drops every registration, releases any waiting thread
   g.uffd = -1;
   if (g.ring_ready) io_uring_queue_exit(&g.ring);
   g.ring_ready = false;
   if (g.control >= 0) close(g.control);
   g.control = -1;
+#if defined(__SANITIZE_THREAD__) || defined(MRC_TSAN)
+  // ThreadSanitizer keeps the parent's threads registered in a forked child: a new monitor
+  // stack at the same address would give the child's monitor the dead one's thread id.
+  if (in_forked_child) g.stack = nullptr;
+#else
+  (void)in_forked_child;
+#endif
   if (g.stack != nullptr) munmap(g.stack, g.stack_bytes);
   g.stack = nullptr;
   g.stack_bytes = 0;
@@ -816,7 +823,7 @@ void after_fork_in_parent() noexcept {
 // table and tell every consumer, through its next drain(), to forget its regions.
 void after_fork_in_child() noexcept {
   detail::maps_child_after_fork();
-  close_run_locked();
+  close_run_locked(/*in_forked_child=*/true);
   g.queue.reset_after_fork();
   for (Consumer *consumer = g.consumers; consumer != nullptr;
        consumer = MonitorState::next_of(consumer)) {
