@@ -89,7 +89,8 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   if ((params.flags & ~static_cast<unsigned>(MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN)) != 0) {
     return MRC_ERR_INVALID;
   }
-  if (params.alignment != 0 && (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
+  if (params.alignment != 0 &&
+      (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
     return MRC_ERR_INVALID;
   }
   if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
@@ -339,8 +340,7 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 void Cache::remove_locked(Region *region) noexcept {
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
-  const uint32_t old_flags =
-      region->flags.fetch_or(Region::kInvalid, std::memory_order_release);
+  const uint32_t old_flags = region->flags.fetch_or(Region::kInvalid, std::memory_order_release);
   region->flags.fetch_and(~static_cast<uint32_t>(Region::kInTable), std::memory_order_release);
   lru_remove_locked(region);
   if ((old_flags & Region::kRegistered) != 0) {
@@ -490,9 +490,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
   watched = watch == uffd::WatchResult::Watched;
   void *handle = nullptr;
   uint64_t key = 0;
-  mrc_status_t status =
-      backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start), merged_end - merged_start,
-                    merged_prot, &handle, &key);
+  mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
+                                     merged_end - merged_start, merged_prot, &handle, &key);
   if (status == MRC_ERR_NO_MEMORY && evict_unused_locked() != 0) {
     // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): give back what no
     // one uses and try once more.
@@ -500,15 +499,17 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
                           merged_end - merged_start, merged_prot, &handle, &key);
   }
   if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
-    MRC_LOG_DEBUG("cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
-                  "alone", name_, merged_start, merged_end, mrc_status_string(status));
+    MRC_LOG_DEBUG(
+        "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
+        "alone",
+        name_, merged_start, merged_end, mrc_status_string(status));
     if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
     merged_start = start;
     merged_end = end;
     merged_prot = prot;
     watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
-    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot,
-                           &handle, &key);
+    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot, &handle,
+                          &key);
   }
 
   Region *region = allocate_region_locked();
@@ -627,8 +628,8 @@ void Cache::release(Region *region) noexcept {
       region->gc_next = head;
     } while (!garbage_.compare_exchange_weak(head, region, std::memory_order_release,
                                              std::memory_order_relaxed));
-    if (garbage_bytes_.fetch_add(region->length(), std::memory_order_relaxed) +
-            region->length() > max_unreleased_) {
+    if (garbage_bytes_.fetch_add(region->length(), std::memory_order_relaxed) + region->length() >
+        max_unreleased_) {
       collect_garbage();
     }
     return;

@@ -129,7 +129,8 @@ class Cache {
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
   bool can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept;
-  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot,
+                               Region **out) noexcept;
   void lru_insert_locked(Region *region) noexcept;
   void lru_remove_locked(Region *region) noexcept;
 
@@ -166,16 +167,16 @@ class Cache {
   PageTable table_;
 
   std::mutex mutex_;
-  Region *lru_hand_ = nullptr;        // mutex_: the CLOCK hand over the ring of cached regions
-  Region *live_head_ = nullptr;       // mutex_: list of every region not yet retired
-  size_t table_entries_ = 0;          // mutex_: regions in the table, failures included
-  size_t cached_regions_ = 0;         // mutex_: registered regions in the table
-  size_t cached_bytes_ = 0;           // mutex_
-  Region *deferred_ = nullptr;        // mutex_: count reached zero under the lock
-  std::atomic<Region *> garbage_{nullptr};       // last put of invalid regions (max_unreleased)
+  Region *lru_hand_ = nullptr;   // mutex_: the CLOCK hand over the ring of cached regions
+  Region *live_head_ = nullptr;  // mutex_: list of every region not yet retired
+  size_t table_entries_ = 0;     // mutex_: regions in the table, failures included
+  size_t cached_regions_ = 0;    // mutex_: registered regions in the table
+  size_t cached_bytes_ = 0;      // mutex_
+  Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
+  std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
   std::atomic<uint64_t> garbage_bytes_{0};
-  std::atomic<uint64_t> unreleased_bytes_{0};    // invalidated, still referenced or in garbage_
-  std::atomic<uint64_t> live_regions_{0};        // registered, not yet deregistered
+  std::atomic<uint64_t> unreleased_bytes_{0};  // invalidated, still referenced or in garbage_
+  std::atomic<uint64_t> live_regions_{0};      // registered, not yet deregistered
   std::atomic<uint64_t> live_bytes_{0};
 
   ShardedCounters hot_;

@@ -63,8 +63,8 @@ mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t 
                              unsigned prot, mrc_region_t **out) {
   if (cache == nullptr || addr == nullptr || out == nullptr) return MRC_ERR_INVALID;
   mrc::Region *region = nullptr;
-  mrc_status_t status = to_cache(cache)->get(reinterpret_cast<uintptr_t>(addr), len, alignment,
-                                             prot, &region);
+  mrc_status_t status =
+      to_cache(cache)->get(reinterpret_cast<uintptr_t>(addr), len, alignment, prot, &region);
   if (status == MRC_OK) *out = region;
   return status;
 }

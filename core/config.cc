@@ -25,10 +25,22 @@ bool parse_size(const char *text, size_t *out) noexcept {
   if (errno != 0) return false;
   unsigned shift = 0;
   switch (std::tolower(static_cast<unsigned char>(*end))) {
-    case 'k': shift = 10; ++end; break;
-    case 'm': shift = 20; ++end; break;
-    case 'g': shift = 30; ++end; break;
-    case 't': shift = 40; ++end; break;
+    case 'k':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+      shift = 30;
+      ++end;
+      break;
+    case 't':
+      shift = 40;
+      ++end;
+      break;
     default: break;
   }
   if (shift != 0 && std::tolower(static_cast<unsigned char>(*end)) == 'i') ++end;

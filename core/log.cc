@@ -20,7 +20,9 @@ int initial_level() noexcept {
   mrc_log_level_t level = MRC_LOG_WARN;
   const char *env = std::getenv("MRC_LOG_LEVEL");
   if (env != nullptr && *env != '\0' && !parse_level(env, &level)) {
-    std::fprintf(stderr, "mrcache: MRC_LOG_LEVEL=%s is not a level (error, warn, info, debug, trace)\n", env);
+    std::fprintf(stderr,
+                 "mrcache: MRC_LOG_LEVEL=%s is not a level (error, warn, info, debug, trace)\n",
+                 env);
   }
   return static_cast<int>(level);
 }

@@ -9,13 +9,14 @@
 #pragma once
 
 namespace mrc::detail {
-[[noreturn]] void check_failed(const char *expr, const char *file, int line, const char *func) noexcept;
+[[noreturn]] void check_failed(const char *expr, const char *file, int line,
+                               const char *func) noexcept;
 }  // namespace mrc::detail
 
-#define MRC_CHECK(cond)                                                              \
-  do {                                                                               \
-    if (__builtin_expect(!(cond), 0))                                                \
-      ::mrc::detail::check_failed(#cond, __FILE__, __LINE__, __func__);              \
+#define MRC_CHECK(cond)                                                 \
+  do {                                                                  \
+    if (__builtin_expect(!(cond), 0))                                   \
+      ::mrc::detail::check_failed(#cond, __FILE__, __LINE__, __func__); \
   } while (0)
 
 #ifdef NDEBUG

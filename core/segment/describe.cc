@@ -115,8 +115,8 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
   }
   const MutexState lock = mutex_state(&d->root->lock);
   unsigned nclients = 0, nsegments = 0;
-  for (const ClientSlot &c : root.clients) nclients += c.state == kSlotActive ? 1 : 0;
-  for (const SegEntry &e : root.segments) nsegments += e.state != kEntryFree ? 1 : 0;
+  for (const ClientSlot &c : root.clients) nclients += c.state == kSlotActive ? 1U : 0U;
+  for (const SegEntry &e : root.segments) nsegments += e.state != kEntryFree ? 1U : 0U;
   auto alive = [&](unsigned s) {
     if (static_cast<int>(s) == d->slot) return 1;
     return ofd_held(d->fd, kPresenceLockOffset + static_cast<off_t>(s));
@@ -144,7 +144,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
       if (c.state != kSlotActive) continue;
       unsigned segs = 0;
       for (const SegEntry &e : root.segments) {
-        segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1 : 0;
+        segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1U : 0U;
       }
       fmt::format_to(o, "{}{{\"slot\":{},\"pid\":{},\"uid\":{},\"comm\":", first ? "" : ",", s,
                      c.pid, c.uid);
@@ -225,7 +225,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
     if (c.state != kSlotActive) continue;
     unsigned segs = 0;
     for (const SegEntry &e : root.segments) {
-      segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1 : 0;
+      segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1U : 0U;
     }
     char comm[17] = {};
     std::memcpy(comm, c.comm, sizeof c.comm);

@@ -305,7 +305,7 @@ unsigned reap_dead_locked(mrc_seg_domain *d) {
 
 unsigned live_clients_locked(const mrc_seg_domain *d) {
   unsigned n = 0;
-  for (const ClientSlot &c : d->root->clients) n += c.state == kSlotActive ? 1 : 0;
+  for (const ClientSlot &c : d->root->clients) n += c.state == kSlotActive ? 1U : 0U;
   return n;
 }
 
@@ -348,6 +348,12 @@ void repair_locked(mrc_seg_domain *d) {
     }
     for (unsigned s = 0; s < kMaxClients; ++s) {
       if (client_bit(e, s) && root->clients[s].state != kSlotActive) set_client_bit(e, s, false);
+    }
+    // Ready without a client: its last client died between leaving it and tearing it down
+    // (a ready entry always has its creator's bit). Finish the close.
+    if (!has_clients(e)) {
+      teardown_entry_locked(d, i);
+      root->segments_reaped++;
     }
   }
   std::memset(root->va_bitmap, 0, sizeof root->va_bitmap);
@@ -1299,7 +1305,9 @@ mrc_status_t segment_close(mrc_seg *seg) noexcept {
       }
       unlock_domain(d);
     }
-    (void)reserve_again(m->start, m->va_len);
+    // Never leave the old pages mapped: without a reservation (the kernel out of VMAs) a hole
+    // in the window is the lesser harm.
+    if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
     for (Mapping **link = &d->maps; *link != nullptr; link = &(*link)->next) {
       if (*link == m) {
         *link = m->next;
@@ -1366,7 +1374,7 @@ mrc_status_t mrc_seg_domain_info(mrc_seg_domain_t *d, mrc_seg_domain_info_t *inf
   info->pages_total = root->va_pages;
   for (uint64_t i = 0; i < root->va_pages; ++i) info->pages_used += page_used(root, i) ? 1U : 0U;
   info->clients = live_clients_locked(d);
-  for (const SegEntry &e : root->segments) info->segments += e.state != kEntryFree ? 1 : 0;
+  for (const SegEntry &e : root->segments) info->segments += e.state != kEntryFree ? 1U : 0U;
   info->slot = d->slot;
   info->created = d->created ? 1 : 0;
   info->domain_id = root->domain_id;
@@ -1424,6 +1432,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
         st = fail(MRC_ERR_IO, "segment {} lists free client slot {}", e.name, s);
       }
     }
+    if (!has_clients(e)) st = fail(MRC_ERR_IO, "segment {} has no client: leaked", e.name);
     if (st == MRC_OK && (e.flags & MRC_SEG_NODATA) == 0) {
       char name[160];
       segment_shm_name(d->prefix, e.generation, e.name, name);
@@ -1475,7 +1484,7 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
   bool domain_repaired = false;
   mrc_status_t st = lock_domain(d, &domain_repaired);
   if (st != MRC_OK) return st;
-  unsigned count = domain_repaired ? 1 : 0;
+  unsigned count = domain_repaired ? 1U : 0U;
   reap_dead_locked(d);
   remove_orphans_locked(d);
   // The heaps: map each heap segment's files anywhere (offsets, not pointers, inside).
@@ -1527,7 +1536,7 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
       SharedHeap heap(&h->heap, static_cast<char *>(data));
       bool heap_repaired = false;
       st = heap.recover(&heap_repaired);
-      count += heap_repaired ? 1 : 0;
+      count += heap_repaired ? 1U : 0U;
       if (st == MRC_OK) st = heap.check(nullptr);
     }
     if ((t.flags & MRC_SEG_FILE) != 0 && data != MAP_FAILED) munmap(data, t.data_size);
@@ -1600,7 +1609,7 @@ mrc_status_t mrc_seg_domain_remove(const mrc_seg_domain_params_t *params, unsign
   if (close_st != MRC_OK) return close_st;
   if (live_others > 0 || open_here) {
     return fail(MRC_ERR_BUSY, "{} live processes still use domain {}",
-                live_others + (open_here ? 1 : 0), prefix);
+                live_others + (open_here ? 1U : 0U), prefix);
   }
   return MRC_OK;
 }

@@ -262,7 +262,7 @@ void *SharedHeap::alloc(size_t size, size_t align) noexcept {
     v.set_word(b, need, true);
     v.push(r);
     v.set_next_prev(r, rest);
-    header_->free_blocks += lead != 0 ? 1 : 0;
+    header_->free_blocks += lead != 0 ? 1U : 0U;
     bsize = need;
   } else {
     v.block(b)->check = View::check_for(b);

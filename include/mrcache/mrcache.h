@@ -25,15 +25,15 @@ extern "C" {
 #define MRC_VERSION_PATCH 0
 
 typedef enum {
-    MRC_OK = 0,
-    MRC_ERR_INVALID = -1,     /* bad argument; nothing changed */
-    MRC_ERR_NO_MEMORY = -2,   /* out of memory, table full, RLIMIT_MEMLOCK */
-    MRC_ERR_BUSY = -3,        /* in use (a region with references, a locked segment) */
-    MRC_ERR_UNSUPPORTED = -4, /* the kernel, the device or the build lacks a feature */
-    MRC_ERR_BACKEND = -5,     /* the registration engine failed */
-    MRC_ERR_EXISTS = -6,
-    MRC_ERR_NOT_FOUND = -7,
-    MRC_ERR_IO = -8
+  MRC_OK = 0,
+  MRC_ERR_INVALID = -1,     /* bad argument; nothing changed */
+  MRC_ERR_NO_MEMORY = -2,   /* out of memory, table full, RLIMIT_MEMLOCK */
+  MRC_ERR_BUSY = -3,        /* in use (a region with references, a locked segment) */
+  MRC_ERR_UNSUPPORTED = -4, /* the kernel, the device or the build lacks a feature */
+  MRC_ERR_BACKEND = -5,     /* the registration engine failed */
+  MRC_ERR_EXISTS = -6,
+  MRC_ERR_NOT_FOUND = -7,
+  MRC_ERR_IO = -8
 } mrc_status_t;
 
 enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
@@ -50,36 +50,36 @@ enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2 };
  * describe: optional (NULL = not supported); writes a human-readable description of the
  *           registration (keys, device) into buf and returns the length snprintf would. */
 typedef struct mrc_backend {
-    const char *name;
-    mrc_status_t (*reg)(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
-                        uint64_t *key);
-    void (*dereg)(void *ctx, void *handle);
-    int (*describe)(void *ctx, void *handle, char *buf, size_t len);
+  const char *name;
+  mrc_status_t (*reg)(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
+                      uint64_t *key);
+  void (*dereg)(void *ctx, void *handle);
+  int (*describe)(void *ctx, void *handle, char *buf, size_t len);
 } mrc_backend_t;
 
 typedef struct mrc_cache mrc_cache_t;
 typedef struct mrc_region mrc_region_t;
 
 typedef struct {
-    const char *name;               /* for logs and statistics; NULL = "mrcache" */
-    const mrc_backend_t *backend;   /* NULL = mrc_backend_null() */
-    void *backend_ctx;
-    size_t max_regions;             /* 0 = unlimited */
-    size_t max_bytes;               /* 0 = unlimited */
-    size_t max_unreleased;          /* bytes invalidated but still in use; 0 = default */
-    unsigned flags;                 /* MRC_FLAG_* */
-    size_t verify_pfn_pages;        /* pages checked per hit with MRC_FLAG_VERIFY_PFN; 0 = 1 */
-    size_t alignment;               /* registration alignment in bytes (power of two, >= page);
-                                       0 = the page size */
-    mrc_status_t env_status;        /* set by mrc_cache_params_init when an MRC_* variable is
-                                       malformed; mrc_cache_create then refuses the params */
+  const char *name;             /* for logs and statistics; NULL = "mrcache" */
+  const mrc_backend_t *backend; /* NULL = mrc_backend_null() */
+  void *backend_ctx;
+  size_t max_regions;      /* 0 = unlimited */
+  size_t max_bytes;        /* 0 = unlimited */
+  size_t max_unreleased;   /* bytes invalidated but still in use; 0 = default */
+  unsigned flags;          /* MRC_FLAG_* */
+  size_t verify_pfn_pages; /* pages checked per hit with MRC_FLAG_VERIFY_PFN; 0 = 1 */
+  size_t alignment;        /* registration alignment in bytes (power of two, >= page);
+                              0 = the page size */
+  mrc_status_t env_status; /* set by mrc_cache_params_init when an MRC_* variable is
+                              malformed; mrc_cache_create then refuses the params */
 } mrc_cache_params_t;
 
 typedef struct {
-    uint64_t gets, hits_fast, hits_slow, misses, merges, unmap_events, invalidations, puts,
-        registrations, deregistrations, evictions, regions, registered_bytes;
-    /* additions beyond the contract */
-    uint64_t registration_failures, uncacheable, pfn_mismatches, purges, unreleased_bytes;
+  uint64_t gets, hits_fast, hits_slow, misses, merges, unmap_events, invalidations, puts,
+      registrations, deregistrations, evictions, regions, registered_bytes;
+  /* additions beyond the contract */
+  uint64_t registration_failures, uncacheable, pfn_mismatches, purges, unreleased_bytes;
 } mrc_stats_t;
 
 /* Defaults, then the MRC_* environment variables. */
@@ -102,8 +102,8 @@ MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len,
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);
 /* Drop `region` from the cache now; done(arg) runs once after its deregistration (after the
  * last mrc_put when it is in use). The caller's reference, if any, stays the caller's. */
-MRC_API mrc_status_t mrc_invalidate(mrc_cache_t *cache, mrc_region_t *region,
-                                    void (*done)(void *), void *arg);
+MRC_API mrc_status_t mrc_invalidate(mrc_cache_t *cache, mrc_region_t *region, void (*done)(void *),
+                                    void *arg);
 
 MRC_API void *mrc_region_start(const mrc_region_t *region);
 MRC_API size_t mrc_region_length(const mrc_region_t *region);
@@ -125,11 +125,11 @@ MRC_API const char *mrc_version(void);
 /* Logging: levels as in MRC_LOG_LEVEL (error, warn, info, debug, trace). The callback runs on
  * the thread that logs (never the monitor thread); NULL restores the default (stderr). */
 typedef enum {
-    MRC_LOG_ERROR = 0,
-    MRC_LOG_WARN = 1,
-    MRC_LOG_INFO = 2,
-    MRC_LOG_DEBUG = 3,
-    MRC_LOG_TRACE = 4
+  MRC_LOG_ERROR = 0,
+  MRC_LOG_WARN = 1,
+  MRC_LOG_INFO = 2,
+  MRC_LOG_DEBUG = 3,
+  MRC_LOG_TRACE = 4
 } mrc_log_level_t;
 typedef void (*mrc_log_fn)(void *arg, mrc_log_level_t level, const char *message);
 MRC_API void mrc_set_log_handler(mrc_log_fn fn, void *arg);
@@ -137,22 +137,22 @@ MRC_API void mrc_set_log_level(mrc_log_level_t level);
 
 /* ---- the monitor ------------------------------------------------------------------------ */
 typedef enum {
-    MRC_MONITOR_WP_ASYNC = 0, /* WP-only with UFFD_FEATURE_WP_ASYNC: any VMA, no faults */
-    MRC_MONITOR_WP = 1,       /* WP-only: anonymous, shmem, hugetlbfs */
-    MRC_MONITOR_MISSING = 2,  /* MISSING mode, every fault resolved by the monitor */
-    MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put */
+  MRC_MONITOR_WP_ASYNC = 0, /* WP-only with UFFD_FEATURE_WP_ASYNC: any VMA, no faults */
+  MRC_MONITOR_WP = 1,       /* WP-only: anonymous, shmem, hugetlbfs */
+  MRC_MONITOR_MISSING = 2,  /* MISSING mode, every fault resolved by the monitor */
+  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put */
 } mrc_monitor_mode_t;
 
 typedef struct {
-    mrc_monitor_mode_t mode;
-    const char *mode_name;  /* "wp-async", "wp", "missing", "uncached" */
-    char reason[256];       /* why this mode (and what a better one would need) */
-    uint64_t features;      /* UFFD_FEATURE_* granted by the kernel */
-    int running;            /* the monitor thread is up */
-    uint64_t events;        /* events read since start */
-    uint64_t watched_bytes; /* bytes registered with the userfaultfd */
-    uint64_t vmas_added;    /* estimate of VMA splits caused by watching */
-    uint64_t vma_budget;    /* ceiling for vmas_added, from vm.max_map_count */
+  mrc_monitor_mode_t mode;
+  const char *mode_name;  /* "wp-async", "wp", "missing", "uncached" */
+  char reason[256];       /* why this mode (and what a better one would need) */
+  uint64_t features;      /* UFFD_FEATURE_* granted by the kernel */
+  int running;            /* the monitor thread is up */
+  uint64_t events;        /* events read since start */
+  uint64_t watched_bytes; /* bytes registered with the userfaultfd */
+  uint64_t vmas_added;    /* estimate of VMA splits caused by watching */
+  uint64_t vma_budget;    /* ceiling for vmas_added, from vm.max_map_count */
 } mrc_monitor_info_t;
 
 MRC_API mrc_status_t mrc_monitor_info(mrc_monitor_info_t *info);

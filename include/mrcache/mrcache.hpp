@@ -17,7 +17,8 @@ class RegionRef {
   RegionRef() noexcept = default;
   RegionRef(mrc_cache_t *cache, mrc_region_t *region) noexcept : cache_(cache), region_(region) {}
   RegionRef(RegionRef &&other) noexcept
-      : cache_(std::exchange(other.cache_, nullptr)), region_(std::exchange(other.region_, nullptr)) {}
+      : cache_(std::exchange(other.cache_, nullptr)),
+        region_(std::exchange(other.region_, nullptr)) {}
   RegionRef &operator=(RegionRef &&other) noexcept {
     if (this != &other) {
       reset();

@@ -34,7 +34,8 @@ Slot g_slots[kSlots];
 
 uint64_t started_changes(uintptr_t start) {
   for (Slot &slot : g_slots) {
-    if (reinterpret_cast<uintptr_t>(slot.base) == start) return slot.started.load(std::memory_order_acquire);
+    if (reinterpret_cast<uintptr_t>(slot.base) == start)
+      return slot.started.load(std::memory_order_acquire);
   }
   return ~uint64_t{0};  // not a slot start: never judged
 }
@@ -71,12 +72,14 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
       const size_t offset = (rng() % kSlotPages) * kPage;
       const size_t length = kPage * (1 + rng() % (kSlotPages - offset / kPage));
       mrc_region_t *region = nullptr;
-      if (mrc_get(cache, slot.base + offset, length, MRC_PROT_READ | MRC_PROT_WRITE, &region) != MRC_OK) {
+      if (mrc_get(cache, slot.base + offset, length, MRC_PROT_READ | MRC_PROT_WRITE, &region) !=
+          MRC_OK) {
         continue;
       }
       const auto *registration = mrc::test::registration_of(region);
       // The stamp is read at the region's start, which is the slot's base (slots never merge).
-      if (registration->start == reinterpret_cast<uintptr_t>(slot.base) && registration->stamp < generation) {
+      if (registration->start == reinterpret_cast<uintptr_t>(slot.base) &&
+          registration->stamp < generation) {
         ++stale;
       }
       mrc_put(cache, region);
@@ -128,17 +131,21 @@ TEST(CacheConcurrency, ConcurrentInvalidateAndPut) {
   mrc_cache_params_t params = backend.params("invalidate");
   mrc_cache_t *cache = nullptr;
   ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(mmap(nullptr, 16 * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *p = static_cast<char *>(
+      mmap(nullptr, 16 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   std::atomic<int> done{0}, invalidated{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {
         mrc_region_t *region = nullptr;
-        ASSERT_EQ(mrc_get(cache, p + ((i + t) % 16) * kPage, kPage, MRC_PROT_READ, &region), MRC_OK);
+        ASSERT_EQ(mrc_get(cache, p + ((i + t) % 16) * kPage, kPage, MRC_PROT_READ, &region),
+                  MRC_OK);
         if (i % 7 == 0) {
-          ASSERT_EQ(mrc_invalidate(cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done), MRC_OK);
+          ASSERT_EQ(
+              mrc_invalidate(
+                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
+              MRC_OK);
           ++invalidated;
         }
         mrc_put(cache, region);

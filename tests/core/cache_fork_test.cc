@@ -35,8 +35,8 @@ TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
   mrc_cache_params_t params = backend.params("fork");
   mrc_cache_t *cache = nullptr;
   ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *p = static_cast<char *>(
+      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   mrc_region_t *held = nullptr;
   ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &held), MRC_OK);
   const uint64_t parent_key = mrc_region_key(held);
@@ -45,7 +45,7 @@ TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
     mrc_region_t *region = nullptr;
     if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 1;
     if (mrc_region_key(region) == parent_key) return 2;  // inherited registration reused
-    if (backend.deregs != 0) return 3;                    // deregistered the parent's
+    if (backend.deregs != 0) return 3;                   // deregistered the parent's
     mrc_put(cache, region);
     mrc_put(cache, held);  // the inherited reference: freed, not deregistered
     if (backend.deregs != 0) return 4;
@@ -54,7 +54,9 @@ TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
     if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 5;
     child_key = mrc_region_key(region);
     mrc_put(cache, region);
-    if (mmap(p, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p) return 6;
+    if (mmap(p, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+             0) != p)
+      return 6;
     if (mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region) != MRC_OK) return 7;
     if (mrc_region_key(region) == child_key) return 8;
     mrc_put(cache, region);
@@ -81,8 +83,8 @@ TEST(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
   params.flags |= MRC_FLAG_PURGE_ON_FORK;
   mrc_cache_t *cache = nullptr;
   ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *p = static_cast<char *>(
+      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   mrc_region_t *region = nullptr;
   ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
   mrc_put(cache, region);

@@ -23,7 +23,8 @@ using mrc::test::CountingBackend;
 const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 
 char *map_pages(size_t pages, int prot = PROT_READ | PROT_WRITE, void *at = nullptr) {
-  void *p = mmap(at, pages * kPage, prot, MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
+  void *p =
+      mmap(at, pages * kPage, prot, MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
   if (p == MAP_FAILED) return nullptr;
   if (prot & PROT_WRITE) memset(p, 0x5a, pages * kPage);  // present pages
   return static_cast<char *>(p);
@@ -60,7 +61,8 @@ class CacheTest : public ::testing::Test {
     return key;
   }
   void require_monitor() {
-    if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+    if (!monitor_caches())
+      GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
   }
 
   CountingBackend backend;
@@ -108,9 +110,9 @@ TEST_F(CacheTest, BadInputIsRejectedAndChangesNothing) {
   EXPECT_EQ(mrc_get(cache, p, kPage, 0, &region), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_get(cache, p, kPage, 4, &region), MRC_ERR_INVALID);  // unknown prot bit
   EXPECT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, nullptr), MRC_ERR_INVALID);
-  EXPECT_EQ(mrc_get(cache, reinterpret_cast<void *>(~uintptr_t{0} - 10), 100, MRC_PROT_READ,
-                    &region),
-            MRC_ERR_INVALID);  // wraps around
+  EXPECT_EQ(
+      mrc_get(cache, reinterpret_cast<void *>(~uintptr_t{0} - 10), 100, MRC_PROT_READ, &region),
+      MRC_ERR_INVALID);  // wraps around
   EXPECT_EQ(mrc_get_aligned(cache, p, kPage, 3 * kPage, MRC_PROT_READ, &region), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_invalidate(cache, nullptr, nullptr, nullptr), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_cache_stats(cache, nullptr), MRC_ERR_INVALID);
@@ -155,10 +157,13 @@ TEST_F(CacheTest, EveryKindOfUnmapInvalidates) {
   };
   const Case cases[] = {
       {"munmap one page inside",
-       [](char *p, size_t) { munmap(p + kPage, kPage), (void)map_pages(1, PROT_READ | PROT_WRITE, p + kPage); }},
+       [](char *p, size_t) {
+         munmap(p + kPage, kPage), (void)map_pages(1, PROT_READ | PROT_WRITE, p + kPage);
+       }},
       {"madvise DONTNEED", [](char *p, size_t len) { madvise(p, len, MADV_DONTNEED); }},
       {"madvise FREE", [](char *p, size_t len) { madvise(p, len, MADV_FREE); }},
-      {"MAP_FIXED over it", [](char *p, size_t len) { (void)map_pages(len / kPage, PROT_READ | PROT_WRITE, p); }},
+      {"MAP_FIXED over it",
+       [](char *p, size_t len) { (void)map_pages(len / kPage, PROT_READ | PROT_WRITE, p); }},
       {"mremap shrink",
        [](char *p, size_t len) {
          (void)mremap(p, len, len - kPage, 0);
@@ -235,7 +240,8 @@ TEST_F(CacheTest, AlignedGetsAreAlignedAndMerge) {
   EXPECT_EQ(mrc_region_start(region), p);
   EXPECT_EQ(mrc_region_length(region), align);
   mrc_put(cache, region);
-  ASSERT_EQ(mrc_get_aligned(cache, p + align - kPage, 2 * kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  ASSERT_EQ(mrc_get_aligned(cache, p + align - kPage, 2 * kPage, align, MRC_PROT_READ, &region),
+            MRC_OK);
   EXPECT_EQ(mrc_region_start(region), p);
   EXPECT_EQ(mrc_region_length(region), 2 * align);
   mrc_put(cache, region);
@@ -285,7 +291,8 @@ TEST_F(CacheTest, InvalidateWhileInUseCompletesAfterTheLastPut) {
   mrc_region_t *region = nullptr;
   ASSERT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_OK);
   int done = 0;
-  ASSERT_EQ(mrc_invalidate(cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
+  ASSERT_EQ(mrc_invalidate(
+                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
             MRC_OK);
   EXPECT_EQ(done, 0);
   EXPECT_EQ(backend.deregs, 0u);
@@ -304,7 +311,8 @@ TEST_F(CacheTest, InvalidateUnusedRunsDoneAtOnce) {
   mrc_region_t *region = nullptr;
   ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
   int done = 0;
-  ASSERT_EQ(mrc_invalidate(cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
+  ASSERT_EQ(mrc_invalidate(
+                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
             MRC_OK);
   mrc_put(cache, region);
   EXPECT_EQ(done, 1);
@@ -470,7 +478,8 @@ TEST_F(CacheTest, StatisticsAsJson) {
   json.resize(static_cast<size_t>(needed));
   EXPECT_THAT(json, ::testing::HasSubstr("\"gets\":1"));
   EXPECT_THAT(json, ::testing::HasSubstr("\"misses\":1"));
-  EXPECT_THAT(json, ::testing::HasSubstr("\"size_histogram\":{\"" + std::to_string(2 * kPage) + "\":1}"));
+  EXPECT_THAT(json,
+              ::testing::HasSubstr("\"size_histogram\":{\"" + std::to_string(2 * kPage) + "\":1}"));
   EXPECT_EQ(json.front(), '{');
   EXPECT_EQ(json.back(), '}');
   munmap(p, 4 * kPage);
@@ -590,7 +599,8 @@ TEST_F(CacheTest, CppLayerReleasesOnScopeExit) {
 TEST(CacheLogging, HandlerReceivesMessages) {
   static std::vector<std::string> messages;
   messages.clear();
-  mrc_set_log_handler([](void *, mrc_log_level_t, const char *m) { messages.emplace_back(m); }, nullptr);
+  mrc_set_log_handler([](void *, mrc_log_level_t, const char *m) { messages.emplace_back(m); },
+                      nullptr);
   mrc_set_log_level(MRC_LOG_DEBUG);
   CountingBackend backend;
   mrc_cache_params_t params = backend.params("logged");

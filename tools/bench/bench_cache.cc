@@ -28,7 +28,7 @@ extern "C" {  // rcache.h has no C++ guard of its own
 namespace {
 
 const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-constexpr size_t kHitRegions = 64;      // one per thread, far apart
+constexpr size_t kHitRegions = 64;  // one per thread, far apart
 constexpr size_t kRegionPages = 16;
 
 std::atomic<uint64_t> g_serial{1};
@@ -43,8 +43,8 @@ const mrc_backend_t kNoopBackend = {"noop", &noop_reg, &noop_dereg, nullptr};
 char *map_region_pool(size_t regions, size_t pages_each) {
   // A gap page between regions so that neighbours never merge.
   const size_t stride = (pages_each + 1) * kPage;
-  void *p = mmap(nullptr, regions * stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  void *p =
+      mmap(nullptr, regions * stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) std::abort();
   for (size_t i = 0; i < regions; ++i) {
     mprotect(static_cast<char *>(p) + i * stride + pages_each * kPage, kPage, PROT_NONE);
@@ -100,7 +100,8 @@ void BM_CacheMissWatched(benchmark::State &state) {
   Ours &o = ours();
   char *address = o.region(kHitRegions - 1);
   mrc_region_t *anchor = nullptr;
-  if (mrc_get(o.cache, address + (kRegionPages - 1) * kPage, kPage, MRC_PROT_READ, &anchor) != MRC_OK) {
+  if (mrc_get(o.cache, address + (kRegionPages - 1) * kPage, kPage, MRC_PROT_READ, &anchor) !=
+      MRC_OK) {
     std::abort();
   }
   for (auto _ : state) {
@@ -129,8 +130,8 @@ void BM_CacheMissNewMapping(benchmark::State &state) {
         if (m != nullptr) munmap(m, 4 * kPage);
       }
       for (char *&m : maps) {
-        m = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        m = static_cast<char *>(
+            mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
       }
       next = 0;
       state.ResumeTiming();
@@ -198,7 +199,13 @@ void BM_UcxRcacheHit(benchmark::State &state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_UcxRcacheHit)->ArgName("shared")->Arg(0)->Arg(1)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_UcxRcacheHit)
+    ->ArgName("shared")
+    ->Arg(0)
+    ->Arg(1)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
 
 void BM_UcxRcacheMissWatched(benchmark::State &state) {
   Ucx &u = ucx();
@@ -206,7 +213,8 @@ void BM_UcxRcacheMissWatched(benchmark::State &state) {
   for (auto _ : state) {
     ucs_rcache_region_t *region = nullptr;
     ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region);
-    ucs_rcache_region_invalidate(u.rcache, region, [](void *) {}, nullptr);
+    ucs_rcache_region_invalidate(
+        u.rcache, region, [](void *) {}, nullptr);
     ucs_rcache_region_put(u.rcache, region);
   }
   state.SetItemsProcessed(state.iterations());
@@ -228,8 +236,8 @@ void BM_UcxRcacheMissNewMapping(benchmark::State &state) {
       state.PauseTiming();
       drop();
       for (char *&m : maps) {
-        m = static_cast<char *>(mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        m = static_cast<char *>(
+            mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
       }
       next = 0;
       state.ResumeTiming();
