@@ -80,6 +80,12 @@ MRC_TABLE void MRC_SELF::retire(NodeRef node) noexcept {
   }
 }
 
+MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
+  root_.store(entry, std::memory_order_release);
+  // Only a hint for lookup(), which checks it against the tag: relaxed is enough.
+  if (is_node(entry)) root_level_.store(level_of(entry, kLevels), std::memory_order_relaxed);
+}
+
 // Every writer store into a node goes through here, to keep the inner nodes'
 // counts.
 MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated,
@@ -285,7 +291,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   }
   const uintptr_t updated = insert_into(root, kLevels, 0, region, reserve);
   MRC_CHECK(reserve.leaf_count == 0 && reserve.inner_count == 0);
-  if (updated != root) root_.store(updated, std::memory_order_release);
+  if (updated != root) set_root(updated);
   const size_t new_nodes = needed.leaves + needed.inner;
   const size_t new_bytes = needed.leaves * sizeof(LeafNode) + needed.inner * sizeof(InnerNode);
   nodes_.store(nodes_.load(std::memory_order_relaxed) + new_nodes, std::memory_order_relaxed);
@@ -349,7 +355,7 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   const uintptr_t root = root_.load(std::memory_order_relaxed);
   Unlinked unlinked;
   const uintptr_t updated = remove_from(root, kLevels, region, unlinked);
-  if (updated != root) root_.store(updated, std::memory_order_release);
+  if (updated != root) set_root(updated);
   // Retire only now: every unlinked node's replacement has been stored.
   size_t bytes = 0;
   for (unsigned i = 0; i < unlinked.count; ++i) {

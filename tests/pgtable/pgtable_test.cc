@@ -46,7 +46,7 @@ class PgtableTest : public ::testing::Test {
 
 using Tables = ::testing::Types<PageTable, detail::RadixPageTable<2>, detail::RadixPageTable<4>,
                                 detail::RadixPageTable<6>, detail::RadixPageTable<8>,
-                                detail::RadixPageTable<8, 5>>;
+                                detail::RadixPageTable<6, 4>, detail::RadixPageTable<8, 5>>;
 TYPED_TEST_SUITE(PgtableTest, Tables);
 
 TYPED_TEST(PgtableTest, EmptyTableFindsNothing) {
