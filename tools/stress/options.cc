@@ -113,6 +113,8 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   CLI::App app{kDescription, "mrcache-stress"};
   app.footer(kFooter);
   app.get_formatter()->column_width(34);
+  // A later option wins (scripts/stress.sh passes --duration 30 before the user's arguments).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const std::map<std::string, double> time_units{{"s", 1.0}, {"m", 60.0}, {"h", 3600.0}};
 
   uint64_t max_regions = 0, max_bytes = 0, max_unreleased = 0;
@@ -197,6 +199,11 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
                "Do not stop at the first stale registration (report up to 10)");
+  app.add_flag("--strict-unmap-window", o->strict_unmap_window,
+               "Fail also on stale hits on addresses that another thread was still unmapping when "
+               "the get began (by default they are counted and reported, not failed: the kernel "
+               "frees addresses before userfaultfd reports the unmap, and mrcache's contract "
+               "starts when munmap returns)");
   app.add_flag("--verify-mappings", o->verify_mappings,
                "After every mutation, check in /proc/self/maps that the harness's idea of the "
                "mapping is right (debugging the harness; slow)");

@@ -58,6 +58,7 @@ struct Options {
   bool quiet = false;
   bool keep_going = false;
   bool verify_mappings = false;
+  bool strict_unmap_window = false;
   double progress_interval_s = 0;  // 0 = 0.5 s on a terminal, 10 s otherwise
   std::string rdma_device;
   int gid_index = 0;

@@ -77,6 +77,40 @@ void Pool::record(Slot &slot, const Mutation &mutation) {
   std::lock_guard lock(log_mutex_);
   log_[log_total_ % kLogSize] = mutation;
   ++log_total_;
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->slot == mutation.slot) {
+      running_.erase(it);
+      break;
+    }
+  }
+}
+
+std::string Pool::in_flight(uintptr_t start, size_t len, uint64_t since_ns) const {
+  auto touches = [&](uintptr_t s, uintptr_t l) {
+    return l != 0 && s < start + len && start < s + l;
+  };
+  std::lock_guard lock(log_mutex_);
+  for (const Mutation &m : running_) {
+    if (touches(m.old_start, m.old_len)) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "slot %d's %s of [%#lx, +%s), begun at t=%.3fms, still running", m.slot,
+                    mutation_name(m.kind), static_cast<unsigned long>(m.old_start),
+                    format_size(m.old_len).c_str(), static_cast<double>(m.start_ns) / 1e6);
+      return buf;
+    }
+  }
+  // The most recent entries (appended in about the order they finished).
+  const uint64_t first = log_total_ > 256 ? log_total_ - 256 : 0;
+  for (uint64_t i = log_total_; i > first; --i) {
+    const Mutation &m = log_[(i - 1) % kLogSize];
+    if (m.time_ns < since_ns) continue;
+    if (touches(m.old_start, m.old_len) || touches(m.range_start, m.range_len)) {
+      return describe(m) + " (begun t=" + std::to_string(static_cast<double>(m.start_ns) / 1e6) +
+             "ms, finished after the get began)";
+    }
+  }
+  return "";
 }
 
 namespace {
@@ -103,11 +137,12 @@ size_t moved_prefix(uintptr_t target, size_t len) {
 }  // namespace
 
 Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
-  const size_t page = page_size();
   Mutation m;
   m.slot = slot.index;
   m.old_start = slot.start;
   m.old_len = slot.len;
+  m.start_ns = now_ns() - start_ns_;
+  const size_t page = page_size();
   const size_t pages = slot.len / page;
 
   // Kinds that do not apply to this mapping become the nearest one that does.
@@ -120,6 +155,10 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
     kind = MutationKind::kRemap;
   }
   m.kind = kind;
+  {
+    std::lock_guard lock(log_mutex_);
+    running_.push_back(m);
+  }
 
   auto random_part = [&] {
     const size_t first = rng.below(pages);

@@ -10,7 +10,8 @@
 // - Slot::generation: bumped (relaxed) under the exclusive lock; a worker reads it before and
 //   after its check under the shared lock — equal values prove that no mutation ran in between
 //   (a consistency check of the harness itself; the lock already guarantees it).
-// - The global mutation log: log_mutex_ (mutators append, the stale report reads).
+// - The global mutation log and the list of running mutations: log_mutex_ (mutators append,
+//   the stale report reads).
 // - A worker holds at most one slot lock at a time (no lock-order cycles with mutators).
 #pragma once
 
@@ -30,7 +31,8 @@
 namespace stress {
 
 struct Mutation {
-  uint64_t time_ns = 0;  // since the start of the run
+  uint64_t start_ns = 0;  // since the start of the run, before the first syscall
+  uint64_t time_ns = 0;   // since the start of the run, when it was done
   MutationKind kind = MutationKind::kRemap;
   int slot = -1;
   uintptr_t old_start = 0, old_len = 0;      // the mapping before
@@ -86,6 +88,13 @@ class Pool {
   std::vector<Mutation> history(const Slot &slot) const;
   // Recent mutations of any slot that touched [start, start+len), oldest first.
   std::vector<Mutation> overlapping(uintptr_t start, size_t len, size_t max) const;
+
+  // A mutation of any slot, touching [start, start+len), that was still running at `since_ns`
+  // (time since the start of the run) or is running now: an unmap whose thread had not yet
+  // returned. The kernel frees the address range before the unmapping thread waits for the
+  // monitor to read the event, so another thread may already have mapped the same addresses.
+  // Returns a description, or "" when there is none.
+  std::string in_flight(uintptr_t start, size_t len, uint64_t since_ns) const;
   uint64_t start_ns() const { return start_ns_; }
 
  private:
@@ -101,7 +110,8 @@ class Pool {
 
   static constexpr size_t kLogSize = 4096;
   mutable std::mutex log_mutex_;
-  std::vector<Mutation> log_;  // ring of kLogSize
+  std::vector<Mutation> running_;  // log_mutex_: mutations begun and not yet recorded
+  std::vector<Mutation> log_;      // ring of kLogSize
   uint64_t log_total_ = 0;
 };
 

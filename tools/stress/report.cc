@@ -75,6 +75,7 @@ Totals sum(const std::vector<ThreadCounters *> &counters) {
     t.pages += get(c->pages);
     t.unchecked += get(c->unchecked);
     t.stale += get(c->stale);
+    t.stale_window += get(c->stale_window);
     t.errors += get(c->errors);
     t.injected += get(c->injected);
     t.invalidates += get(c->invalidates);
@@ -210,7 +211,10 @@ std::string summary_table(const Summary &s) {
   if (s.log_warnings + s.log_errors != 0) {
     row("library log", n(s.log_errors) + " errors, " + n(s.log_warnings) + " warnings");
   }
-  row("stale", n(t.stale));
+  row("stale", n(t.stale) + (t.stale_window != 0 ? "  (" + n(t.stale_window) +
+                                                       " while another thread's unmap of the "
+                                                       "address was in flight)"
+                                                 : ""));
   row("errors", n(t.errors));
   row("leaks", s.leaks.empty() ? "none" : std::to_string(s.leaks.size()));
   for (const std::string &leak : s.leaks) out << "    " << leak << '\n';
@@ -267,6 +271,7 @@ std::string summary_json(const Summary &s) {
       {"checked_stamps", t.pages},
       {"unchecked_regions", t.unchecked},
       {"stale", t.stale},
+      {"stale_unmap_in_flight", t.stale_window},
       {"errors", t.errors},
       {"injected_failures", t.injected},
       {"injected_by_backend", s.injected_backend},

@@ -22,6 +22,7 @@ struct alignas(64) ThreadCounters {
   std::atomic<uint64_t> pages{0};      // stamps checked
   std::atomic<uint64_t> unchecked{0};  // regions too small for the worker's lane
   std::atomic<uint64_t> stale{0};
+  std::atomic<uint64_t> stale_window{0};  // of which (or besides, if tolerated): unmap in flight
   std::atomic<uint64_t> errors{0};
   std::atomic<uint64_t> injected{0};     // gets that failed with an injected failure
   std::atomic<uint64_t> invalidates{0};  // mrc_invalidate calls that returned MRC_OK
@@ -35,8 +36,8 @@ struct alignas(64) ThreadCounters {
 };
 
 struct Totals {
-  uint64_t ops = 0, checked = 0, pages = 0, unchecked = 0, stale = 0, errors = 0, injected = 0,
-           invalidates = 0, nested = 0, fork_failures = 0;
+  uint64_t ops = 0, checked = 0, pages = 0, unchecked = 0, stale = 0, stale_window = 0, errors = 0,
+           injected = 0, invalidates = 0, nested = 0, fork_failures = 0;
   uint64_t mutations[kMutationKinds] = {};
   uint64_t refused[kMutationKinds] = {};
   uint64_t latency[kLatencyBuckets] = {};
