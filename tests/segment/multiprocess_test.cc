@@ -132,9 +132,9 @@ TEST_F(MultiProcess, SixtyFourRacingCreatorsMakeOneDomainAndOneSegment) {
   EXPECT_TRUE(shm_files(prefix_).empty()) << segtest::join(shm_files(prefix_));
 }
 
-// A process killed in the middle of creating (and of deleting) a segment, holding the lock.
+// A process killed in the middle of creating, deleting or closing a segment, holding the lock.
 TEST_F(MultiProcess, KilledInsideTheDomainLockHalfwayIsRepaired) {
-  for (const char *state : {"creating", "deleting"}) {
+  for (const char *state : {"creating", "deleting", "closing"}) {
     SCOPED_TRACE(state);
     mrc_seg_domain_t *d = open();
     Child &c = spawn("holdlock", {std::string("state=") + state});

@@ -100,11 +100,11 @@ int cmd_join() {
     s = open_segment(d);
     if (mrc_seg_info(s, &si) != MRC_OK) die(MRC_ERR_IO, "seg info");
   }
-  say("ok %d %d %" PRIxPTR " %" PRIxPTR " %d", di.created, si.created,
-      reinterpret_cast<uintptr_t>(si.base), di.base, di.slot);
   if (s != nullptr && g_args.count("write") != 0) {
     *static_cast<volatile uint64_t *>(mrc_seg_base(s)) = num("write");
   }
+  say("ok %d %d %" PRIxPTR " %" PRIxPTR " %d", di.created, si.created,
+      reinterpret_cast<uintptr_t>(si.base), di.base, di.slot);
   if (s != nullptr && g_args.count("verify") != 0) {
     const uint64_t v = *static_cast<volatile uint64_t *>(mrc_seg_base(s));
     say(v == num("verify") ? "verified" : "mismatch %" PRIu64, v);
@@ -236,12 +236,23 @@ int cmd_memfd_recv() {
   return mrc_seg_close(s) == MRC_OK ? 0 : 1;
 }
 
-// Takes the domain lock and leaves a creation half done (entry kEntryCreating, file created,
-// pages marked), as a process killed at that point would. Waits to be killed.
+// Takes the domain lock and leaves a change half done, as a process killed at that point would:
+// state=creating (entry kEntryCreating, file created, pages marked), state=deleting, or
+// state=closing (its last client bit cleared, not torn down). Waits to be killed.
 int cmd_holdlock() {
   using namespace mrc::seg;
   mrc_seg_domain_t *d = open_domain();
+  mrc_seg_t *closing = nullptr;
+  if (arg("state") == "closing" && mrc_seg_open(d, "half", 4096, 0, &closing) != MRC_OK) {
+    die(MRC_ERR_IO, "open");
+  }
   if (lock_domain(d, nullptr) != MRC_OK) die(MRC_ERR_BUSY, "lock");
+  if (closing != nullptr) {
+    // A close that left the directory entry and died before tearing the segment down.
+    SegEntry &e = d->root->segments[closing->map->entry];
+    const auto slot = static_cast<unsigned>(d->slot);
+    e.clients[slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  }
   if (arg("state") == "creating" || arg("state") == "deleting") {
     RootHeader *root = d->root;
     unsigned i = 0;

@@ -13,12 +13,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/segment/domain.h"
@@ -306,6 +308,50 @@ TEST_F(SegTest, FileBackedData) {
   EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
   unlink(path.c_str());
   rmdir(dir);
+}
+
+TEST_F(SegTest, ThreadsShareOneDomain) {
+  mrc_seg_domain_t *d = open();
+  mrc_seg_t *heap = nullptr;
+  ASSERT_EQ(mrc_seg_open(d, "heap", 4 << 20, MRC_SEG_HEAP, &heap), MRC_OK);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      mrc_seg_domain_t *mine = open();  // the same domain, reference-counted
+      if (mine != d) failures++;
+      for (int i = 0; i < 200; ++i) {
+        const std::string name = "t" + std::to_string(t) + "-" + std::to_string(i % 5);
+        mrc_seg_t *own = nullptr, *common = nullptr;
+        if (mrc_seg_open(mine, name.c_str(), 65536, MRC_SEG_HEAP, &own) != MRC_OK ||
+            mrc_seg_open(mine, "common", 65536, 0, &common) != MRC_OK) {
+          failures++;
+          continue;
+        }
+        static_cast<volatile char *>(mrc_seg_base(common))[t] = 1;
+        void *p = mrc_seg_alloc(heap, 100 + static_cast<size_t>(i), 0);
+        void *q = mrc_seg_alloc(own, 1000, 0);
+        if (p == nullptr || q == nullptr) failures++;
+        std::memset(p, t, 100);
+        mrc_seg_free(heap, p);
+        if (mrc_seg_close(own) != MRC_OK || mrc_seg_close(common) != MRC_OK) failures++;
+      }
+      if (mrc_seg_domain_close(mine) != MRC_OK) failures++;
+    });
+  }
+  for (auto &th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  mrc_seg_heap_stats_t hs;
+  ASSERT_EQ(mrc_seg_heap_check(heap, &hs), MRC_OK) << mrc_seg_last_error();
+  EXPECT_EQ(hs.used_blocks, 0u);
+  EXPECT_EQ(hs.allocs, 800u);
+  EXPECT_EQ(mrc_seg_domain_check(d), MRC_OK) << mrc_seg_last_error();
+  mrc_seg_domain_info_t di;
+  ASSERT_EQ(mrc_seg_domain_info(d, &di), MRC_OK);
+  EXPECT_EQ(di.segments, 1u);
+  EXPECT_EQ(mrc_seg_close(heap), MRC_OK);
+  EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
+  EXPECT_TRUE(shm_files(prefix_).empty());
 }
 
 // ---- the heap ------------------------------------------------------------------------------

@@ -100,7 +100,11 @@ class Observer {
   Observer(const Observer &) = delete;
   Observer &operator=(const Observer &) = delete;
   bool ok() const { return status_ == MRC_OK; }
+  mrc_status_t status() const { return status_; }
   const std::string &error() const { return error_; }
+  json failure(const std::string &prefix) const {
+    return {{"prefix", prefix}, {"error", error_}, {"status", status_}};
+  }
   mrc_seg_domain_t *get() const { return domain_; }
 
  private:
@@ -109,13 +113,18 @@ class Observer {
   std::string error_;
 };
 
+// The description; asked again with a larger buffer when the domain grew in between.
 std::string describe(mrc_seg_domain_t *d, unsigned flags) {
-  const int n = mrc_seg_domain_describe(d, flags, nullptr, 0);
-  if (n < 0) throw std::runtime_error(error_text(static_cast<mrc_status_t>(n)));
-  std::string out(static_cast<size_t>(n) + 1, '\0');
-  const int m = mrc_seg_domain_describe(d, flags, out.data(), out.size());
-  out.resize(static_cast<size_t>(std::min(n, m)));
-  return out;
+  std::string out(4096, '\0');
+  for (;;) {
+    const int n = mrc_seg_domain_describe(d, flags, out.data(), out.size());
+    if (n < 0) throw std::runtime_error(error_text(static_cast<mrc_status_t>(n)));
+    if (static_cast<size_t>(n) < out.size()) {
+      out.resize(static_cast<size_t>(n));
+      return out;
+    }
+    out.assign(static_cast<size_t>(n) + 4096, '\0');
+  }
 }
 
 // Runs `fn(prefix)` for the chosen domains; collects JSON results or prints text.
@@ -130,7 +139,15 @@ int for_each_domain(const Options &o, Fn fn) {
   int rc = 0;
   json results = json::array();
   for (const std::string &prefix : prefixes) {
-    json r = fn(prefix);
+    json r;
+    try {
+      r = fn(prefix);
+    } catch (const std::exception &e) {
+      r = {{"prefix", prefix}, {"error", e.what()}};
+    }
+    // A domain found by listing /dev/shm may be gone by the time we look: not an error.
+    if (o.prefix.empty() && r.value("status", 0) == MRC_ERR_NOT_FOUND) continue;
+    r.erase("status");
     if (r.contains("error")) rc = 1;
     if (o.json) {
       results.push_back(r);
@@ -151,7 +168,7 @@ int for_each_domain(const Options &o, Fn fn) {
 int cmd_show(const Options &o) {
   return for_each_domain(o, [&](const std::string &prefix) -> json {
     Observer d(o, prefix);
-    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    if (!d.ok()) return d.failure(prefix);
     const unsigned flags = o.verbose ? static_cast<unsigned>(MRC_SEG_DESCRIBE_VERBOSE) : 0U;
     if (o.json) return json::parse(describe(d.get(), flags | MRC_SEG_DESCRIBE_JSON));
     return {{"prefix", prefix}, {"text", describe(d.get(), flags)}};
@@ -161,7 +178,7 @@ int cmd_show(const Options &o) {
 int cmd_scan(const Options &o) {
   return for_each_domain(o, [&](const std::string &prefix) -> json {
     Observer d(o, prefix);
-    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    if (!d.ok()) return d.failure(prefix);
     mrc_seg_domain_info_t before{}, after{};
     mrc_status_t st = mrc_seg_domain_info(d.get(), &before);
     if (st == MRC_OK) st = mrc_seg_domain_scan(d.get());
@@ -185,7 +202,7 @@ int cmd_scan(const Options &o) {
 int cmd_repair(const Options &o) {
   return for_each_domain(o, [&](const std::string &prefix) -> json {
     Observer d(o, prefix);
-    if (!d.ok()) return {{"prefix", prefix}, {"error", d.error()}};
+    if (!d.ok()) return d.failure(prefix);
     unsigned repaired = 0;
     const mrc_status_t st = mrc_seg_domain_repair(d.get(), &repaired);
     json r{{"prefix", prefix}, {"locks_recovered", repaired}};
