@@ -88,14 +88,18 @@ MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
 
 // Every writer store into a node goes through here, to keep the inner nodes'
 // counts.
-MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated,
-                                  std::memory_order order) noexcept {
+// Release: a node stored here is complete before a reader can reach it (for a node still
+// private the ordering is not needed, and on x86 costs nothing).
+MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
+                                  uintptr_t updated) noexcept {
   if (node.level != 0) {
     InnerNode *inner = node.inner();
-    inner->used = static_cast<uint16_t>(inner->used + (updated != 0) - (old != 0));
+    const uint64_t bit = uint64_t{1} << (index % 64);
+    inner->occupied[index / 64] =
+        updated != 0 ? inner->occupied[index / 64] | bit : inner->occupied[index / 64] & ~bit;
     inner->children = static_cast<uint16_t>(inner->children + is_node(updated) - is_node(old));
   }
-  node.slot(index).store(updated, order);
+  node.slot(index).store(updated, std::memory_order_release);
 }
 
 // The entry a slot at `level` covering `block` holds for region when region is
@@ -221,10 +225,10 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
     MRC_DASSERT(node_level < level);
     const NodeRef node =
         take(node_level, std::min(lo, other_lo) & ~(block_size(node_level + 1) - 1));
-    for_each_slot_of(
-        node.base(), slot_shift(node_level), node.fanout(), other, [&](unsigned i, uintptr_t sub) {
-          set_slot(node, i, 0, entry_for(other, sub, node_level), std::memory_order_relaxed);
-        });
+    for_each_slot_of(node.base(), slot_shift(node_level), node.fanout(), other,
+                     [&](unsigned i, uintptr_t sub) {
+                       set_slot(node, i, 0, entry_for(other, sub, node_level));
+                     });
     insert_into_node(node, region, reserve);
     return node_entry(node, level);
   }
@@ -242,7 +246,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
   const NodeRef parent =
       take(parent_level, std::min(lo, base) & ~(block_size(parent_level + 1) - 1));
   set_slot(parent, static_cast<unsigned>((base - parent.base()) >> slot_shift(parent_level)), 0,
-           node_entry(node, parent_level), std::memory_order_relaxed);
+           node_entry(node, parent_level));
   insert_into_node(parent, region, reserve);
   return node_entry(parent, level);
 }
@@ -255,7 +259,7 @@ MRC_TABLE void MRC_SELF::insert_into_node(NodeRef node, PgtRegion *region,
                      const uintptr_t updated = insert_into(old, node.level, sub, region, reserve);
                      // Release: a node created below is complete before readers can reach
                      // it.
-                     if (updated != old) set_slot(node, i, old, updated, std::memory_order_release);
+                     if (updated != old) set_slot(node, i, old, updated);
                    });
 }
 
@@ -318,17 +322,34 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
                    [&](unsigned i, uintptr_t) {
                      const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
                      const uintptr_t updated = remove_from(old, node.level, region, unlinked);
-                     if (updated != old) set_slot(node, i, old, updated, std::memory_order_release);
+                     if (updated != old) set_slot(node, i, old, updated);
                    });
 
-  // Still separating two regions: a child node sees two, and so does a node
-  // with another slot.
-  const bool has_child = node.level != 0 && node.inner()->children != 0;
-  if (has_child && node.inner()->used >= 2) return entry;
-  auto slot = [&node](unsigned i) { return node.slot(i).load(std::memory_order_relaxed); };
+  // Still separating two regions: a child node sees two, and so does a node with another slot.
   unsigned first = 0, last = node.fanout() - 1;
-  while (slot(first) == 0) ++first;
-  while (slot(last) == 0) --last;
+  bool has_child = false;
+  if (node.level == 0) {
+    while (node.slot(first).load(std::memory_order_relaxed) == 0) ++first;
+    while (node.slot(last).load(std::memory_order_relaxed) == 0) --last;
+  } else {
+    const InnerNode *inner = node.inner();
+    has_child = inner->children != 0;
+    bool two_or_more = false;  // non-empty slots, counted only as far as two
+    unsigned seen = 0;
+    for (uint64_t word : inner->occupied) {
+      two_or_more = two_or_more || (word & (word - 1)) != 0 || (word != 0 && seen != 0);
+      seen += word != 0;
+    }
+    if (has_child && two_or_more) return entry;
+    constexpr unsigned kWords = std::size(decltype(inner->occupied){});
+    unsigned w = 0;
+    while (inner->occupied[w] == 0) ++w;
+    first = 64 * w + static_cast<unsigned>(std::countr_zero(inner->occupied[w]));
+    w = kWords - 1;
+    while (inner->occupied[w] == 0) --w;
+    last = 64 * w + 63 - static_cast<unsigned>(std::countl_zero(inner->occupied[w]));
+  }
+  auto slot = [&node](unsigned i) { return node.slot(i).load(std::memory_order_relaxed); };
   uintptr_t replacement;
   if (first == last && is_node(slot(first))) {
     // Path compression: the child takes the node's place, its tag counted from
@@ -414,8 +435,15 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
       return false;
     }
   }
-  if (node.level != 0 && (used != node.inner()->used || children != node.inner()->children)) {
-    return false;
+  if (node.level != 0) {
+    const InnerNode *inner = node.inner();
+    unsigned marked = 0;
+    for (unsigned i = 0; i < node.fanout(); ++i) {
+      const bool bit = ((inner->occupied[i / 64] >> (i % 64)) & 1) != 0;
+      if (bit != (node.slot(i).load(std::memory_order_relaxed) != 0)) return false;
+      marked += bit;
+    }
+    if (marked != used || children != inner->children) return false;
   }
   return used >= 2 && several;  // canonical: a node separates at least two regions
 }

@@ -193,8 +193,9 @@ class RadixPageTable {
   struct InnerNode {
     std::atomic<uintptr_t> slots[kInnerFanout];
     uintptr_t base;
-    uint16_t used;      // writer only: non-empty slots
-    uint16_t children;  // writer only: slots holding a node
+    // Writer only (readers never look): which slots are non-empty, how many hold a node.
+    uint64_t occupied[(kInnerFanout + 63) / 64];
+    uint16_t children;
   };
 
   // A node as the writer handles it: its address and its level (0: LeafNode,
@@ -270,8 +271,7 @@ class RadixPageTable {
   void purge_walk(uintptr_t entry, unsigned slot_level, const PgtRegion *&last,
                   OnRegion &on_region);
 
-  static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated,
-                       std::memory_order order) noexcept;
+  static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
   NodeCount count_new_nodes(uintptr_t entry, unsigned level, uintptr_t block,
                             const PgtRegion *region) const noexcept;
   uintptr_t insert_into(uintptr_t entry, unsigned level, uintptr_t block, PgtRegion *region,
