@@ -1,5 +1,4 @@
-// The radix page table's writer side; the shape and the contract are in
-// pgtable.h.
+// The radix page table's writer side; the shape and the contract are in pgtable.h.
 #include "pgtable/pgtable.h"
 
 #include <algorithm>
@@ -12,8 +11,8 @@
 namespace mrc::detail {
 namespace {
 
-// Calls fn(index, block_start) for every slot of a node (base, fanout slots of
-// 2^shift bytes) whose block intersects region, in address order.
+// Calls fn(index, block_start) for every slot of a node (base, fanout slots of 2^shift bytes) whose
+// block intersects region, in address order.
 template <class Fn>
 void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const PgtRegion *region,
                       Fn &&fn) {
@@ -86,10 +85,9 @@ MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
   if (is_node(entry)) root_level_.store(level_of(entry, kLevels), std::memory_order_relaxed);
 }
 
-// Every writer store into a node goes through here, to keep the inner nodes'
-// counts.
-// Release: a node stored here is complete before a reader can reach it (for a node still
-// private the ordering is not needed, and on x86 costs nothing).
+// Every writer store into a node goes through here, to keep the inner nodes' counts. Release: a
+// node stored here is complete before a reader can reach it (for a node still private the ordering
+// is not needed, and on x86 costs nothing).
 MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
                                   uintptr_t updated) noexcept {
   if (node.level != 0) {
@@ -102,9 +100,8 @@ MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
   node.slot(index).store(updated, std::memory_order_release);
 }
 
-// The entry a slot at `level` covering `block` holds for region when region is
-// the only one there: 0 (disjoint), the region (covers the block) or the region
-// tagged partial.
+// The entry a slot at `level` covering `block` holds for region when region is the only one there:
+// 0 (disjoint), the region (covers the block) or the region tagged partial.
 MRC_TABLE uintptr_t MRC_SELF::entry_for(const PgtRegion *region, uintptr_t block, unsigned level) {
   const uintptr_t end = block + block_size(level);
   if (region->end <= block || region->start >= end) return 0;
@@ -113,8 +110,8 @@ MRC_TABLE uintptr_t MRC_SELF::entry_for(const PgtRegion *region, uintptr_t block
   return entry;
 }
 
-// The level of the lowest node whose aligned block holds both lo and hi - 1
-// (which lie in different pages).
+// The level of the lowest node whose aligned block holds both lo and hi - 1 (which lie in different
+// pages).
 MRC_TABLE unsigned MRC_SELF::level_for(uintptr_t lo, uintptr_t hi) {
   const unsigned top_bit = static_cast<unsigned>(std::bit_width(lo ^ (hi - 1))) - 1;
   MRC_DASSERT(top_bit >= kPageShift && top_bit < 64);
@@ -122,11 +119,10 @@ MRC_TABLE unsigned MRC_SELF::level_for(uintptr_t lo, uintptr_t hi) {
   return 1 + (top_bit - kPageShift - kLeafBits) / kInnerBits;
 }
 
-// ---- insert
-// ----------------------------------------------------------------------------------
+// ---- insert -------------------------------------------------------------------------------------
 
-// Dry run of insert_into(): the nodes inserting region below this entry will
-// create, or an overlap with a region already there.
+// Dry run of insert_into(): the nodes inserting region below this entry will create, or an overlap
+// with a region already there.
 MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
     uintptr_t entry, unsigned level, uintptr_t block, const PgtRegion *region) const noexcept {
   NodeCount count;
@@ -183,10 +179,9 @@ MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
   return count;
 }
 
-// Returns what the slot at `level` covering `block` must hold once region is
-// inserted. A live node is updated in place (each slot store publishes a
-// finished value); a new node is filled while private and published by the
-// caller's store.
+// Returns what the slot at `level` covering `block` must hold once region is inserted. A live node
+// is updated in place (each slot store publishes a finished value); a new node is filled while
+// private and published by the caller's store.
 MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintptr_t block,
                                           PgtRegion *region, NodeReserve &reserve) noexcept {
   const uintptr_t block_end = block + block_size(level);
@@ -215,8 +210,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
   };
 
   if (!is_node(entry)) {
-    // The slot's only region meets a second one: a node at the level where they
-    // part.
+    // The slot's only region meets a second one: a node at the level where they part.
     const PgtRegion *other = region_of(entry);
     MRC_DASSERT((entry & kPartialTag) != 0);
     const uintptr_t other_lo = std::max(other->start, block);
@@ -257,8 +251,7 @@ MRC_TABLE void MRC_SELF::insert_into_node(NodeRef node, PgtRegion *region,
                    [&](unsigned i, uintptr_t sub) {
                      const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
                      const uintptr_t updated = insert_into(old, node.level, sub, region, reserve);
-                     // Release: a node created below is complete before readers can reach
-                     // it.
+                     // Release: a node created below is complete before readers can reach it.
                      if (updated != old) set_slot(node, i, old, updated);
                    });
 }
@@ -304,13 +297,11 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   return MRC_OK;
 }
 
-// ---- remove
-// ----------------------------------------------------------------------------------
+// ---- remove -------------------------------------------------------------------------------------
 
-// Returns what the slot at `level` (whose block intersects region) holds once
-// region is gone. Nodes left with a single region or a single child are
-// replaced by it and queued in unlinked, to be retired after the caller has
-// stored the replacement.
+// Returns what the slot at `level` (whose block intersects region) holds once region is gone. Nodes
+// left with a single region or a single child are replaced by it and queued in unlinked, to be
+// retired after the caller has stored the replacement.
 MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const PgtRegion *region,
                                           Unlinked &unlinked) noexcept {
   if (!is_node(entry)) {
@@ -352,13 +343,11 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
   auto slot = [&node](unsigned i) { return node.slot(i).load(std::memory_order_relaxed); };
   uintptr_t replacement;
   if (first == last && is_node(slot(first))) {
-    // Path compression: the child takes the node's place, its tag counted from
-    // our slot.
+    // Path compression: the child takes the node's place, its tag counted from our slot.
     replacement = node_entry(node_of(slot(first), node.level), level);
   } else if (!has_child && region_of(slot(first)) == region_of(slot(last))) {
-    // One region left (its entries are consecutive, so first and last tell).
-    // The removed region shared the parent block, so the survivor does not
-    // cover it.
+    // One region left (its entries are consecutive, so first and last tell). The removed region
+    // shared the parent block, so the survivor does not cover it.
     replacement = reinterpret_cast<uintptr_t>(region_of(slot(first))) | kPartialTag;
   } else {
     return entry;
@@ -370,8 +359,7 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
 
 MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   if (region == nullptr) return MRC_ERR_INVALID;
-  // start/end are immutable while the region is in the table, so this finds it
-  // if it is there.
+  // start/end are immutable while the region is in the table, so this finds it if it is there.
   if (lookup(region->start) != region) return MRC_ERR_NOT_FOUND;
   const uintptr_t root = root_.load(std::memory_order_relaxed);
   Unlinked unlinked;
@@ -389,8 +377,7 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   return MRC_OK;
 }
 
-// ---- invariants (tests)
-// ----------------------------------------------------------------------
+// ---- invariants (tests) -------------------------------------------------------------------------
 
 MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t block,
                                      Census &census) const noexcept {
@@ -401,8 +388,7 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
     const uintptr_t block_end = block + block_size(level);
     census.covered += std::min(region->end, block_end) - std::max(region->start, block);
     if (region != census.last) {
-      // Entries of one region are consecutive; regions come in address order,
-      // disjoint.
+      // Entries of one region are consecutive; regions come in address order, disjoint.
       if (census.last != nullptr && region->start < census.last->end) return false;
       census.last = region;
       ++census.regions;

@@ -1,85 +1,63 @@
-// The radix page table: maps page-aligned, non-overlapping [start, end) ranges
-// to regions.
+// The radix page table: maps page-aligned, non-overlapping [start, end) ranges to regions.
 //
-// Shape. A radix tree over page numbers: leaf nodes (level 0) have 2^kLeafBits
-// slots of one page, inner nodes 2^kInnerBits slots (PageTable: 16-slot leaves,
-// 64-slot inner nodes). A slot covers an aligned block of addresses and holds
-// one word:
+// Shape. A radix tree over page numbers: leaves (level 0) have 2^kLeafBits slots of one page
+// each, inner nodes 2^kInnerBits slots (PageTable: 16-slot leaves, 128-slot inner nodes). A slot
+// covers an aligned block of addresses and holds one word:
 //   0                 no region intersects the block;
 //   region            the region covers the whole block;
-//   region | partial  the region is the only one that intersects the block,
-//   without covering it
+//   region | partial  the region is the only one intersecting the block, without covering it
 //                     (lookup then checks the region's bounds);
-//   node | skip | 1   two or more regions intersect the block; the node covers
-//   the smallest
-//                     aligned node-sized block that holds all of them; `skip`
-//                     counts the levels between the slot and the node (path
-//                     compression, usually 0).
-// The form is canonical (a function of the set of regions): every node has at
-// least two non-empty slots and sees at least two regions. Consequences:
-// - A region alone in its neighbourhood is one partial entry, as high as it is
-// alone; a region
-//   beside others is stored at the highest levels whose blocks it covers whole
-//   (huge entries), at most one node's worth of entries per level and two
-//   descents (one per end): a region of N pages costs O(fanout * log N)
-//   entries, never O(N); a 1 TiB region is a few dozen stores.
-// - Nodes are path-compressed, so depth follows how the regions are spread, not
-// the address
-//   width, and nodes <= regions - 1 whatever the layout.
-// - lookup() is at most kLevels + 1 dependent loads (one per node, plus the
-// region's bounds for a
-//   partial entry); for regions clustered in a few GiB it is 3 to 5. Each level
-//   costs one load and one AND on the critical path: the next index is computed
-//   from the address and the expected level while the load is in flight (a
-//   skipped level is the predicted-not-taken case).
-// - Fanout: small leaves keep memory per region low when region boundaries are
-// dense (one leaf
-//   per boundary that needs one), wide inner nodes keep the tree shallow.
-//   tools/bench/bench_pgtable.cc measures the alternatives (PgtFanout*).
+//   node | skip | 1   two or more regions intersect the block; the node covers the smallest
+//                     aligned node-sized block holding all of them; `skip` counts the levels
+//                     between the slot and the node (path compression; usually 0).
+// The form is canonical (a function of the set of regions): every node has at least two
+// non-empty slots and sees at least two regions. Consequences:
+// - A region alone in its neighbourhood is one partial entry, as high as it is alone; a region
+//   beside others is stored at the highest levels whose blocks it covers whole (huge entries):
+//   at most one node's worth of entries per level and two descents (one per end), so a region
+//   of N pages costs O(fanout * log N) entries, never O(N); a 1 TiB region is a few dozen stores.
+// - Depth follows how the regions are spread, not the address width, and there are at most
+//   regions - 1 nodes whatever the layout.
+// - lookup() is at most kLevels + 1 dependent loads (one per node, plus the region's bounds for
+//   a partial entry); for regions clustered in a few GiB it is 3 to 5. Each level costs one load
+//   and one AND on the critical path: the next index is computed from the address and the
+//   expected level while the load is in flight (a skipped level is the predicted-not-taken
+//   case, and a hint predicts the root node's level).
+// - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
+//   only where two regions meet inside one), wide inner nodes keep the tree shallow;
+//   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
 //
-// Address width. kAddressBits = 57: every user-space address on x86-64 with 4-
-// or 5-level paging (user space below 2^47 or 2^56) and on aarch64 with 48- or
-// 52-bit VAs. Wider addresses cannot be user addresses: insert() rejects them
-// with MRC_ERR_INVALID, lookup() returns nullptr. The extra levels cost nothing
-// for clustered regions (path compression skips them) and one shift-and-compare
-// per lookup.
+// Address width. kAddressBits = 57: every user-space address on x86-64 with 4- or 5-level paging
+// (user space below 2^47 or 2^56) and on aarch64 with 48- or 52-bit VAs. Wider addresses cannot
+// be user addresses: insert() rejects them with MRC_ERR_INVALID, lookup() returns nullptr. The
+// levels above 48 bits cost nothing for clustered regions (path compression skips them) and one
+// compare per lookup.
 //
 // SYNCHRONIZATION
-//   Writer: one thread at a time calls insert(), remove(), purge() (the caller
-//   serialises them,
-//     e.g. the cache's mutex). The writer may call lookup() and
-//     for_each_overlapping() without a guard. The writer-only counters size_,
-//     nodes_ and bytes_ are atomics so that size() and memory_bytes() may be
-//     read from any thread (relaxed: statistics only). A node's used and
-//     children counts are the writer's alone (readers never look at them).
-//   Readers: lookup() and for_each_overlapping() from any thread, inside an
-//   EpochGuard of the
-//     table's domain, concurrently with the writer. No lock, no write to shared
-//     memory.
-//   Publication: every slot (and the root) is a std::atomic<uintptr_t>. The
-//   writer fills a new
-//     node (relaxed: still private), then publishes it with a release store
-//     into its parent slot; readers load slots with acquire, so a node's
-//     contents and its immutable base are visible before the node is. A new
-//     region's fields (start, end) are published the same way: they must not
-//     change while the region is in the table or may still be seen by a reader.
-//     (jemalloc's rtree reads child pointers relaxed because its entries are
-//     never invalidated under a live reader; here invalidation races with
-//     lookups by design, so loads are acquire.)
-//   Linearisation: a region becomes visible slot by slot and disappears slot by
-//   slot. A lookup
-//     that starts after remove(region) returned (happens-after) never returns
-//     it; one that overlaps insert() or remove() returns the region or nullptr.
-//     A lookup never returns a region that does not contain the address
-//     (partial entries are checked, full entries cover their block).
-//   Reclamation: the writer unlinks a node (release store into its parent)
-//   before retiring it to
-//     the EpochDomain; it is freed after every guard that might have seen it
-//     has ended. Regions are the caller's: remove() only unlinks them; the
-//     caller retires them afterwards.
-//   Progress: lookup() is wait-free (bounded loop); for_each_overlapping() is
-//   wait-free and
-//     bounded by the entries it visits; the writer never waits for readers.
+//   Writer: one thread at a time calls insert(), remove(), purge() (the caller serialises them,
+//     e.g. the cache's mutex), and may call lookup() and for_each_overlapping() without a guard.
+//     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
+//     (relaxed: statistics, and a hint that lookup() checks against the root's tag). An inner
+//     node's occupancy bitmap and child count are the writer's alone; readers never read them.
+//   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
+//     table's domain, concurrently with the writer. No lock, no store to shared memory.
+//   Publication: every slot (and root_) is a std::atomic<uintptr_t>. The writer fills a new node
+//     while it is private, then publishes it with a release store into its parent slot; readers
+//     load every slot with acquire, so a node's slots and its immutable base are visible before
+//     the node is. A region's start/end are published the same way and must not change while the
+//     region is in the table, or while a reader may still hold it. (jemalloc's rtree reads child
+//     pointers relaxed because its entries are never invalidated under a live reader; here
+//     invalidation races with lookups by design, so the loads are acquire.)
+//   Linearisation: a region becomes visible slot by slot and disappears slot by slot. A lookup
+//     that starts after remove(region) returned (happens-after) never returns it; one that
+//     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
+//     region that does not contain the address (partial entries are checked, full entries cover
+//     their block).
+//   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
+//     it to the EpochDomain, which frees it after every guard that might have seen it has ended.
+//     Regions are the caller's: remove() only unlinks them; the caller retires them afterwards.
+//   Progress: lookup() is wait-free (at most kLevels iterations); for_each_overlapping() is
+//     wait-free and bounded by the entries it visits; the writer never waits for readers.
 #pragma once
 
 #include <atomic>
@@ -94,8 +72,8 @@
 
 namespace mrc {
 
-// A mapped range. The cache's Region derives from it. start/end are immutable
-// while the region is in a table (see SYNCHRONIZATION).
+// A mapped range. The cache's Region derives from it. start/end are immutable while the region is
+// in a table (see SYNCHRONIZATION).
 struct PgtRegion {
   uintptr_t start;
   uintptr_t end;
@@ -115,43 +93,37 @@ class RadixPageTable {
   static constexpr uintptr_t kAddressLimit = uintptr_t{1} << kAddressBits;  // exclusive
   static constexpr unsigned kInnerFanout = 1u << kInnerBits;
   static constexpr unsigned kLeafFanout = 1u << kLeafBits;
-  // Node levels 0 (leaves: slots of one page) to kLevels - 1; the root slot
-  // sits at kLevels.
+  // Node levels 0 (leaves: slots of one page) to kLevels - 1; the root slot sits at kLevels.
   static constexpr unsigned kLevels =
       1 + (kAddressBits - kPageShift - kLeafBits + kInnerBits - 1) / kInnerBits;
 
   explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept : domain_(domain) {}
-  // REQUIRES: no reader is inside a lookup. Frees the nodes; the regions stay
-  // the caller's.
+  // REQUIRES: no reader is inside a lookup. Frees the nodes; the regions stay the caller's.
   ~RadixPageTable();
   RadixPageTable(const RadixPageTable &) = delete;
   RadixPageTable &operator=(const RadixPageTable &) = delete;
 
-  // Writer. MRC_ERR_INVALID: null, misaligned, empty, wrapping or beyond
-  // kAddressLimit. MRC_ERR_EXISTS: overlaps a region already present.
-  // MRC_ERR_NO_MEMORY: no node could be allocated. On any error the table is
-  // unchanged and no reader ever saw the region.
+  // Writer. MRC_ERR_INVALID: null, misaligned, empty, wrapping or beyond kAddressLimit.
+  // MRC_ERR_EXISTS: overlaps a region already present. MRC_ERR_NO_MEMORY: no node could be
+  // allocated. On any error the table is unchanged and no reader ever saw the region.
   [[nodiscard]] mrc_status_t insert(PgtRegion *region) noexcept;
-  // Writer. MRC_ERR_NOT_FOUND when this region (this pointer) is not in the
-  // table.
+  // Writer. MRC_ERR_NOT_FOUND when this region (this pointer) is not in the table.
   [[nodiscard]] mrc_status_t remove(PgtRegion *region) noexcept;
 
-  // The region containing address, or nullptr. REQUIRES: inside an EpochGuard
-  // of domain(), or the writer. At most kLevels + 1 dependent loads.
+  // The region containing address, or nullptr. REQUIRES: inside an EpochGuard of domain(), or the
+  // writer. At most kLevels + 1 dependent loads.
   [[gnu::always_inline]] PgtRegion *lookup(uintptr_t address) const noexcept;
 
-  // Calls visit(PgtRegion *) for every region overlapping [from, to), in
-  // address order, each once, while the table is not modified. Under concurrent
-  // modification (a reader inside a guard): every region present throughout is
-  // visited exactly once; regions inserted or removed meanwhile may be visited
-  // or not. visit may return bool: false stops the walk. visit must not modify
-  // the table. REQUIRES: a guard, or the writer.
+  // Calls visit(PgtRegion *) for every region overlapping [from, to), in address order, each once,
+  // while the table is not modified. Under concurrent modification (a reader inside a guard): every
+  // region present throughout is visited exactly once; regions inserted or removed meanwhile may be
+  // visited or not. visit may return bool: false stops the walk. visit must not modify the table.
+  // REQUIRES: a guard, or the writer.
   template <class Visit>
   void for_each_overlapping(uintptr_t from, uintptr_t to, Visit &&visit) const;
 
-  // Writer: removes every region, then calls on_region(PgtRegion *) once for
-  // each, in address order (the callback may retire the region; it must not
-  // touch the table).
+  // Writer: removes every region, then calls on_region(PgtRegion *) once for each, in address order
+  // (the callback may retire the region; it must not touch the table).
   template <class OnRegion>
   void purge(OnRegion &&on_region);
 
@@ -161,8 +133,7 @@ class RadixPageTable {
   size_t node_count() const noexcept { return nodes_.load(std::memory_order_relaxed); }
   EpochDomain &domain() const noexcept { return domain_; }
 
-  // Writer, for tests: checks the canonical form, the tags and the counters.
-  // False on any breach.
+  // Writer, for tests: checks the canonical form, the tags and the counters. False on any breach.
   bool check_invariants() const noexcept;
 
   static constexpr unsigned fanout(unsigned level) {
@@ -183,12 +154,11 @@ class RadixPageTable {
   static constexpr uintptr_t kPartialTag = 2;
   static constexpr uintptr_t kSkipMask = (uintptr_t{1} << (kTagBits - 1)) - 1;
 
-  // Slots first, so that a slot's address does not depend on the kind of node.
-  // Allocated kNodeAlign-aligned (the tag bits), sized exactly.
+  // Slots first, so that a slot's address does not depend on the kind of node. Allocated
+  // kNodeAlign-aligned (the tag bits), sized exactly.
   struct LeafNode {
     std::atomic<uintptr_t> slots[kLeafFanout];
-    uintptr_t base;  // first address of the block the node covers; immutable
-                     // once published
+    uintptr_t base;  // first address of the block the node covers; immutable once published
   };
   struct InnerNode {
     std::atomic<uintptr_t> slots[kInnerFanout];
@@ -198,8 +168,7 @@ class RadixPageTable {
     uint16_t children;
   };
 
-  // A node as the writer handles it: its address and its level (0: LeafNode,
-  // else InnerNode).
+  // A node as the writer handles it: its address and its level (0: LeafNode, else InnerNode).
   struct NodeRef {
     uintptr_t ptr;
     unsigned level;
@@ -213,8 +182,8 @@ class RadixPageTable {
     unsigned fanout() const { return RadixPageTable::fanout(level); }
   };
 
-  // Nodes one insert() needs, allocated before the table changes: at most two
-  // new nodes per slot level (the blocks holding the region's two ends).
+  // Nodes one insert() needs, allocated before the table changes: at most two new nodes per slot
+  // level (the blocks holding the region's two ends).
   struct NodeCount {
     size_t leaves = 0, inner = 0;
     bool overlap = false;
@@ -230,9 +199,8 @@ class RadixPageTable {
   };
 
   static bool is_node(uintptr_t entry) { return (entry & kNodeTag) != 0; }
-  // A node entry's tag holds how many levels lie between the slot holding it
-  // and the node (0 unless path-compressed), so the level of a node depends on
-  // the slot it is read from.
+  // A node entry's tag holds how many levels lie between the slot holding it and the node (0 unless
+  // path-compressed), so the level of a node depends on the slot it is read from.
   static unsigned skipped_of(uintptr_t entry) {
     return static_cast<unsigned>((entry >> 1) & kSkipMask);
   }
@@ -295,8 +263,7 @@ class RadixPageTable {
   EpochDomain &domain_;
 };
 
-// ---- inline reader paths
-// -------------------------------------------------------------------
+// ---- inline reader paths ------------------------------------------------------------------------
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t address) const noexcept {
@@ -325,13 +292,11 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       if (!is_node(entry)) break;
       node = pointer_of(entry);
       if (__builtin_expect(skipped_of(entry) == 0, 1)) {
-        // The usual case, taken as predicted: the next index needs the address
-        // and the running level only, not the loaded tag, so the next load
-        // issues right after this one.
+        // The usual case, taken as predicted: the next index needs the address and the running
+        // level only, not the loaded tag, so the next load issues right after this one.
         --level;
       } else {
-        // A path-compressed child covers only part of the slot: check its
-        // prefix.
+        // A path-compressed child covers only part of the slot: check its prefix.
         level -= 1 + skipped_of(entry);
         if (((address ^ base_at(node, level)) >> slot_shift(level + 1)) != 0) return nullptr;
       }
@@ -352,8 +317,7 @@ bool RadixPageTable<kInnerBits, kLeafBits>::walk_range(uintptr_t entry, unsigned
   if (entry == 0) return true;
   if (!is_node(entry)) {
     PgtRegion *region = region_of(entry);
-    // end > cursor: not visited yet (cursor is the end of the last region
-    // visited, or from).
+    // end > cursor: not visited yet (cursor is the end of the last region visited, or from).
     if (region->end <= cursor || region->start >= to) return true;
     cursor = region->end;
     if constexpr (std::is_same_v<std::invoke_result_t<Visit &, PgtRegion *>, bool>) {
@@ -394,9 +358,8 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, unsigned
                                                        OnRegion &on_region) {
   if (entry == 0) return;
   if (!is_node(entry)) {
-    // A region's entries are consecutive in address order: comparing pointers
-    // is enough, and the callback may already have retired the region, so it is
-    // never dereferenced here.
+    // A region's entries are consecutive in address order: comparing pointers is enough, and the
+    // callback may already have retired the region, so it is never dereferenced here.
     PgtRegion *region = region_of(entry);
     if (region != last) {
       last = region;
@@ -423,8 +386,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   purge_walk(root, kLevels, last, on_region);
 }
 
-// Instantiated in pgtable.cc: the uniform shapes 2..8 and the hybrids the
-// benchmark compares.
+// Instantiated in pgtable.cc: the uniform shapes 2..8 and the hybrids the benchmark compares.
 #define MRC_PGTABLE_SHAPES(X) \
   X(2, 2)                     \
   X(3, 3)                     \
