@@ -2,7 +2,9 @@
 # Benchmarks: builds mrcache-bench (Release) and runs it (the page table, the monitor, the
 # backends and the cache; each against UCX in the same run when libucx-dev is installed), then
 # writes into the results directory:
-#   bench.json   Google Benchmark's JSON (--benchmark_out)
+#   bench-monitor.json, bench-rest.json   Google Benchmark's JSON (--benchmark_out); the
+#                monitor's benchmarks run in a process of their own (UCX's rcache patches libc's
+#                munmap for the rest of its process)
 #   bench.log    the console output (including bench_pgtable's own ratio summary)
 #   results.md   a Markdown table of every figure and of the mrcache/UCX ratios
 #   bench.png    lookup latency versus regions, hit throughput versus threads (gnuplot)
@@ -53,7 +55,9 @@ if ((build)); then
   # Release: the figures are what users get. Later arguments win over mrc_configure's defaults.
   mrc_extra_cmake_args=(-DCMAKE_BUILD_TYPE=Release "${mrc_extra_cmake_args[@]+"${mrc_extra_cmake_args[@]}"}")
   mrc_configure
-  if ! cmake --build "$mrc_build_dir" --target help 2>/dev/null | grep -q '^mrcache-bench:'; then
+  # Captured first: `cmake ... | grep -q` fails under pipefail when grep exits early (SIGPIPE).
+  targets=$(cmake --build "$mrc_build_dir" --target help 2>/dev/null || true)
+  if ! grep -q '^mrcache-bench:' <<<"$targets"; then
     echo "bench.sh: this tree has no mrcache-bench target (no tools/bench/bench_*.cc yet?)" >&2
     exit 1
   fi
@@ -66,31 +70,53 @@ for program in "$bench" "$report"; do
 done
 
 mkdir -p "$results"
-args=(--benchmark_out="$results/bench.json" --benchmark_out_format=json)
-[[ -n $filter ]] && args+=(--benchmark_filter="$filter")
+common=(--benchmark_out_format=json)
 if ((repetitions > 1)); then
-  args+=(--benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true)
+  common+=(--benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true)
 fi
-[[ -n $min_time ]] && args+=(--benchmark_min_time="$min_time")
+[[ -n $min_time ]] && common+=(--benchmark_min_time="$min_time")
 # shellcheck disable=SC2206
-args+=(${MRC_BENCH_ARGS:-})
+common+=(${MRC_BENCH_ARGS:-})
 
-mrc_log "$bench ${args[*]}"
-"$bench" "${args[@]}" 2>&1 | tee "$results/bench.log"
-status=${PIPESTATUS[0]}
-if ((status != 0)); then
-  echo "bench.sh: mrcache-bench failed (exit $status); see $results/bench.log" >&2
-  exit "$status"
+# One process per group: creating a UCX rcache (bench_cache) patches libc's munmap for the rest
+# of the process, which would distort the monitor's munmap figures (bench_monitor.cc).
+runs=()
+if [[ -n $filter ]]; then
+  runs+=("all:$filter")
+else
+  runs+=("monitor:BM_Monitor" "rest:-BM_Monitor")
+fi
+rm -f "$results"/bench*.json
+: >"$results/bench.log"
+inputs=()
+for run in "${runs[@]}"; do
+  name=${run%%:*}
+  out=$results/bench-$name.json
+  mrc_log "$bench --benchmark_filter=${run#*:} --benchmark_out=$out ${common[*]}"
+  set +e
+  "$bench" --benchmark_filter="${run#*:}" --benchmark_out="$out" "${common[@]}" 2>&1 |
+    tee -a "$results/bench.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if ((status != 0)); then
+    echo "bench.sh: mrcache-bench failed (exit $status); see $results/bench.log" >&2
+    exit "$status"
+  fi
+  # A filter that selects nothing leaves no file (Google Benchmark says "Failed to match").
+  [[ -s $out ]] && inputs+=("$out")
+done
+if ((${#inputs[@]} == 0)); then
+  echo "bench.sh: no benchmark ran (filter '$filter')" >&2
+  exit 1
 fi
 
 mrc_log "report"
-flags=$("$report" "$results/bench.json" "$results")
+flags=$("$report" "${inputs[@]}" "$results")
 grep -v '^plot_' <<<"$flags" || true
-have_lookup=$(sed -n 's/^plot_lookup=//p' <<<"$flags")
-have_hits=$(sed -n 's/^plot_hits=//p' <<<"$flags")
+# plot_lookup_ucx=1 -> have_lookup_ucx=1; for gnuplot
+gp_vars=$(sed -n 's/^plot_\([a-z_]*\)=\([01]\)$/have_\1=\2; /p' <<<"$flags" | tr -d '\n')
 if command -v gnuplot >/dev/null; then
-  gnuplot -e "dir='$results'; have_lookup=${have_lookup:-0}; have_hits=${have_hits:-0}" \
-    "$repo/scripts/bench-report.gp"
+  gnuplot -e "dir='$results'; $gp_vars" "$repo/scripts/bench-report.gp"
   echo "plot: $results/bench.png"
 else
   echo "bench.sh: gnuplot is not installed (scripts/setup.sh installs gnuplot-nox): no plot" >&2

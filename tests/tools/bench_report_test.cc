@@ -56,8 +56,10 @@ TEST(BenchReport, PairsOursWithUcxAndWritesPlotData) {
   const auto result =
       mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir);
   ASSERT_EQ(result.status, 0) << result.output;
-  EXPECT_NE(result.output.find("plot_lookup=1"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("plot_hits=1"), std::string::npos) << result.output;
+  for (const char *flag :
+       {"plot_lookup_mrcache=1", "plot_lookup_ucx=1", "plot_hits_mrcache=1", "plot_hits_ucx=1"}) {
+    EXPECT_NE(result.output.find(flag), std::string::npos) << result.output;
+  }
 
   const std::string md = slurp(dir + "/results.md");
   // "ours" <-> "ucx" path component; time and the B/region counter both compared.
@@ -74,14 +76,38 @@ TEST(BenchReport, PairsOursWithUcxAndWritesPlotData) {
   EXPECT_NE(md.find("BM_BackendNullRegDereg/0"), std::string::npos);
   EXPECT_NE(md.find("no context"), std::string::npos);
 
-  const std::string lookup = slurp(dir + "/lookup.dat");
-  EXPECT_NE(lookup.find("\"mrcache dense\"\n1000 10\n1e+06 20"), std::string::npos) << lookup;
-  EXPECT_NE(lookup.find("\"UCX dense\"\n1000 40"), std::string::npos) << lookup;
-  const std::string hits = slurp(dir + "/hits.dat");
-  EXPECT_NE(hits.find("\"mrcache, a region per thread\"\n2 100"), std::string::npos) << hits;
-  EXPECT_NE(hits.find("\"UCX, a region per thread\"\n2 10"), std::string::npos) << hits;
+  // One data file per implementation, one block per series.
+  const std::string lookup = slurp(dir + "/lookup-mrcache.dat");
+  EXPECT_EQ(lookup, "\"mrcache dense\"\n1000 10\n1e+06 20\n") << lookup;
+  EXPECT_EQ(slurp(dir + "/lookup-ucx.dat"), "\"UCX dense\"\n1000 40\n");
+  EXPECT_EQ(slurp(dir + "/hits-mrcache.dat"), "\"mrcache, a region per thread\"\n2 100\n");
+  EXPECT_EQ(slurp(dir + "/hits-ucx.dat"), "\"UCX, a region per thread\"\n2 10\n");
 
-  for (const char *file : {"bench.json", "results.md", "lookup.dat", "hits.dat"}) {
+  for (const char *file : {"bench.json", "results.md", "lookup-mrcache.dat", "lookup-ucx.dat",
+                           "hits-mrcache.dat", "hits-ucx.dat"}) {
+    unlink((dir + "/" + file).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
+// bench.sh runs the monitor's benchmarks in a process of their own: two files, one report.
+TEST(BenchReport, MergesSeveralRuns) {
+  const std::string dir = testing::TempDir() + "mrc-bench-merge-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/a.json") << kFixture;
+  std::ofstream(dir + "/b.json") << R"({"context": {}, "benchmarks": [
+    {"name": "BM_MonitorRoundTrip/0", "run_name": "BM_MonitorRoundTrip/0",
+     "run_type": "iteration", "threads": 1, "real_time": 13.0, "time_unit": "us",
+     "median_us": 12.5}]})";
+  const auto result = mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir +
+                                          "/a.json " + dir + "/b.json " + dir);
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string md = slurp(dir + "/results.md");
+  EXPECT_NE(md.find("| BM_MonitorRoundTrip/0 | 13.00 us |"), std::string::npos) << md;
+  EXPECT_NE(md.find("median_us 12.50"), std::string::npos) << md;
+  EXPECT_NE(md.find("PgtLookup/ours/dense/1000"), std::string::npos) << md;
+  for (const char *file : {"a.json", "b.json", "results.md", "lookup-mrcache.dat", "lookup-ucx.dat",
+                           "hits-mrcache.dat", "hits-ucx.dat"}) {
     unlink((dir + "/" + file).c_str());
   }
   rmdir(dir.c_str());

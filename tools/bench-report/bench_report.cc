@@ -1,8 +1,8 @@
 // mrcache-bench-report: turns mrcache-bench's Google Benchmark JSON into a Markdown table of
 // figures and mrcache/UCX ratios, and the data files scripts/bench-report.gp plots.
 //
-//   mrcache-bench-report BENCH.json OUT_DIR
-//   writes OUT_DIR/results.md, OUT_DIR/lookup.dat, OUT_DIR/hits.dat
+//   mrcache-bench-report BENCH.json [MORE.json...] OUT_DIR
+//   writes OUT_DIR/results.md and OUT_DIR/{lookup,hits}-{mrcache,ucx}.dat
 //
 // Pairing (the naming convention of tools/bench/bench_*.cc): a benchmark of ours and its UCX
 // twin, measured in the same run, differ in one place only:
@@ -287,45 +287,65 @@ int write_series(const std::string &path,
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 3) {
+  if (argc < 3) {
     std::fprintf(stderr,
-                 "usage: mrcache-bench-report BENCH.json OUT_DIR\n"
+                 "usage: mrcache-bench-report BENCH.json [MORE.json...] OUT_DIR\n"
                  "  writes OUT_DIR/results.md (figures and mrcache/UCX ratios) and the data\n"
-                 "  files of scripts/bench-report.gp (lookup.dat, hits.dat)\n");
+                 "  files of scripts/bench-report.gp (lookup-{mrcache,ucx}.dat,\n"
+                 "  hits-{mrcache,ucx}.dat); prints plot_<series>=0|1 for each\n");
     return 2;
   }
-  json doc;
   try {
-    std::ifstream in(argv[1]);
-    if (!in) throw std::runtime_error(std::string("cannot open ") + argv[1]);
-    in >> doc;
+    // Several runs (bench.sh runs the monitor's benchmarks in a process of their own): one
+    // document, the first run's context.
+    json doc;
+    for (int i = 1; i + 1 < argc; ++i) {
+      std::ifstream in(argv[i]);
+      if (!in) throw std::runtime_error(std::string("cannot open ") + argv[i]);
+      json part;
+      in >> part;
+      if (doc.is_null()) {
+        doc = part;
+      } else {
+        for (const json &b : part.at("benchmarks")) doc["benchmarks"].push_back(b);
+      }
+    }
     const std::map<std::string, Figure> figures = load(doc);
-    const std::string dir = argv[2];
+    const std::string dir = argv[argc - 1];
 
     std::ofstream(dir + "/results.md") << markdown(doc, figures);
 
+    // One file per implementation, the series in the same order in both (the plot gives a
+    // layout the same colour in each, solid for mrcache, dashed for UCX).
     static const std::regex kLookup(R"(PgtLookup/(ours|ucx)/(\w+)/(\d+))");
     static const std::regex kHit(R"(BM_(Cache|UcxRcache)Hit/shared:(\d)/.*threads:(\d+))");
-    std::map<std::string, std::map<double, double>> lookup, hits;
+    using Series = std::map<std::string, std::map<double, double>>;
+    Series lookup[2], hits[2];  // [0] mrcache, [1] UCX
     for (const auto &[name, f] : figures) {
       std::smatch m;
       if (std::regex_match(name, m, kLookup) && f.error.empty()) {
-        const std::string title =
-            std::string(m[1] == "ours" ? "mrcache" : "UCX") + " " + m[2].str();
-        lookup[title][std::stod(m[3])] = f.ns;
+        const int impl = m[1] == "ours" ? 0 : 1;
+        lookup[impl][std::string(impl == 0 ? "mrcache " : "UCX ") + m[2].str()][std::stod(m[3])] =
+            f.ns;
       } else if (std::regex_match(name, m, kHit) && f.error.empty()) {
-        const std::string title = std::string(m[1] == "Cache" ? "mrcache" : "UCX") +
-                                  (m[2] == "1" ? ", one shared region" : ", a region per thread");
-        hits[title][std::stod(m[3])] = throughput(f) / 1e6;
+        const int impl = m[1] == "Cache" ? 0 : 1;
+        hits[impl][std::string(impl == 0 ? "mrcache" : "UCX") +
+                   (m[2] == "1" ? ", one shared region" : ", a region per thread")]
+            [std::stod(m[3])] = throughput(f) / 1e6;
       }
     }
-    const int lookup_series = write_series(dir + "/lookup.dat", lookup);
-    const int hit_series = write_series(dir + "/hits.dat", hits);
-    std::printf(
-        "mrcache-bench-report: %zu figures; %s/results.md; plot series: %d lookup, %d hit\n",
-        figures.size(), dir.c_str(), lookup_series, hit_series);
-    std::printf("plot_lookup=%d\nplot_hits=%d\n", lookup_series > 0 ? 1 : 0,
-                hit_series > 0 ? 1 : 0);
+    const char *const kImpl[] = {"mrcache", "ucx"};
+    std::string flags;
+    int series = 0;
+    for (int impl = 0; impl < 2; ++impl) {
+      const int l = write_series(dir + "/lookup-" + kImpl[impl] + ".dat", lookup[impl]);
+      const int h = write_series(dir + "/hits-" + kImpl[impl] + ".dat", hits[impl]);
+      series += l + h;
+      flags += std::string("plot_lookup_") + kImpl[impl] + "=" + (l > 0 ? "1" : "0") + "\n";
+      flags += std::string("plot_hits_") + kImpl[impl] + "=" + (h > 0 ? "1" : "0") + "\n";
+    }
+    std::printf("mrcache-bench-report: %zu figures; %s/results.md; %d plot series\n%s",
+                figures.size(), dir.c_str(), series, flags.c_str());
   } catch (const std::exception &e) {
     std::fprintf(stderr, "mrcache-bench-report: %s\n", e.what());
     return 1;
