@@ -678,6 +678,23 @@ TEST_F(SegTest, JoinerWaitsForAnUnfinishedCreatorThenTimesOut) {
   EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
 }
 
+// A creator that died right after shm_open (size 0, no creator lock): the next process removes
+// the leftover and creates the domain; a live creator in that same state is waited for.
+TEST_F(SegTest, EmptyRootOfADeadCreatorIsReplaced) {
+  const std::string root = "/" + prefix_ + ":root";
+  int fd = shm_open(root.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  mrc_seg_domain_params_t p = params();
+  mrc_seg_domain_t *d = nullptr;
+  ASSERT_EQ(mrc_seg_domain_open(&p, &d), MRC_OK) << mrc_seg_last_error();
+  mrc_seg_domain_info_t di;
+  ASSERT_EQ(mrc_seg_domain_info(d, &di), MRC_OK);
+  EXPECT_EQ(di.created, 1);
+  EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
+  EXPECT_TRUE(shm_files(prefix_).empty());
+}
+
 TEST_F(SegTest, ForkChildCannotUseTheParentsHandles) {
   mrc_seg_domain_t *d = open();
   mrc_seg_t *s = nullptr;
