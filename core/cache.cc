@@ -536,7 +536,11 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
-    MRC_CHECK(table_.insert(region) == MRC_OK);
+    if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
+      consumer_->unwatch(merged_start, merged_end - merged_start);
+      recycle_region(region);
+      return status;
+    }
     ++table_entries_;
     live_insert_locked(region);
     lru_insert_locked(region);
@@ -561,6 +565,19 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     }
   }
   live_insert_locked(region);
+  if (watched) {
+    // Complete before the insert publishes it (release) to fast-path readers. Inserted without
+    // the CLOCK bit: a region earns its second chance by being used again.
+    region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched,
+                        std::memory_order_relaxed);
+    region->refcount.store(2, std::memory_order_relaxed);  // the table's and the caller's
+    // Overlaps were removed above, so the insert fails only for want of memory for table nodes
+    // (or an address beyond the table's 57 bits): then the registration is handed out uncached.
+    if (table_.insert(region) != MRC_OK) {
+      consumer_->unwatch(merged_start, merged_end - merged_start);
+      watched = false;
+    }
+  }
   if (!watched) {
     uncacheable_.fetch_add(1, std::memory_order_relaxed);
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
@@ -569,11 +586,6 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     *out = region;
     return MRC_OK;
   }
-  // Inserted without the CLOCK bit: a region earns its second chance by being used again.
-  region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched,
-                      std::memory_order_relaxed);
-  region->refcount.store(2, std::memory_order_relaxed);  // the table's and the caller's
-  MRC_CHECK(table_.insert(region) == MRC_OK);            // overlaps were removed above
   ++table_entries_;
   ++cached_regions_;
   cached_bytes_ += region->length();

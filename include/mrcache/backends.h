@@ -8,6 +8,8 @@
 #ifndef MRCACHE_BACKENDS_H
 #define MRCACHE_BACKENDS_H
 
+#include "mrcache/mrcache.h" /* the types it builds on; mrcache.h includes this file last */
+
 #include <stddef.h>
 #include <stdint.h>
 

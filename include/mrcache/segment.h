@@ -17,6 +17,8 @@
 #ifndef MRCACHE_SEGMENT_H
 #define MRCACHE_SEGMENT_H
 
+#include "mrcache/mrcache.h" /* the types it builds on; mrcache.h includes this file last */
+
 #include <stddef.h>
 #include <stdint.h>
 
