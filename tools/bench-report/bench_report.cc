@@ -206,8 +206,7 @@ std::string markdown(const json &doc, const std::map<std::string, Figure> &figur
   if (context.contains("load_avg")) {
     for (const json &load : context["load_avg"]) md << " " << number_text(load.get<double>());
   }
-  md << "). Library build: " << context.value("library_build_type", "?")
-     << ". Times are wall-clock per operation";
+  md << "). mrcache built Release by scripts/bench.sh. Times are wall-clock per operation";
   bool repeated = false;
   for (const json &b : doc.at("benchmarks"))
     repeated = repeated || b.value("run_type", "") == "aggregate";
