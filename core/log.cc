@@ -8,6 +8,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <pthread.h>
+
 namespace mrc::log {
 namespace {
 
@@ -29,6 +31,11 @@ int initial_level() noexcept {
 
 std::mutex g_handler_mutex;
 Handler g_handler{nullptr, nullptr};  // guarded by g_handler_mutex
+
+// A child must not inherit the mutex held by a thread that does not exist there.
+[[maybe_unused]] const int g_fork_handlers =
+    pthread_atfork([] { g_handler_mutex.lock(); }, [] { g_handler_mutex.unlock(); },
+                   [] { g_handler_mutex.unlock(); });
 
 const char *level_name(mrc_log_level_t level) noexcept {
   switch (level) {

@@ -14,7 +14,9 @@ mrc_run_setup
 mrc_configure
 
 stress=$mrc_build_dir/tools/stress/mrcache-stress
-if ! cmake --build "$mrc_build_dir" --target help 2>/dev/null | grep -q '^mrcache-stress:'; then
+# Capture first: grep -q closing the pipe early would fail the pipeline (SIGPIPE, pipefail).
+targets=$(cmake --build "$mrc_build_dir" --target help 2>/dev/null || true)
+if ! grep -q '^mrcache-stress:' <<<"$targets"; then
   echo "stress.sh: this tree has no mrcache-stress target yet (tools/stress/ is not in)." >&2
   echo "stress.sh: nothing to run; scripts/test.sh runs the test suite." >&2
   exit 1
