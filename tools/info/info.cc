@@ -85,9 +85,10 @@ std::vector<Variable> configuration(std::string *problem) {
        "cached regions before the least recently used are evicted"});
   vars.push_back({"MRC_MAX_BYTES", env("MRC_MAX_BYTES"), size_text(params.max_bytes, "unlimited"),
                   "registered bytes the cache keeps (sizes: 4096, 64k, 1g, inf)"});
-  vars.push_back({"MRC_MAX_UNRELEASED", env("MRC_MAX_UNRELEASED"),
-                  size_text(params.max_unreleased, "the library's default"),
-                  "invalidated bytes still in use before gets wait for their release"});
+  vars.push_back(
+      {"MRC_MAX_UNRELEASED", env("MRC_MAX_UNRELEASED"),
+       size_text(params.max_unreleased, "0: deregister at the last put"),
+       "invalidated bytes whose deregistration may wait, batched, after their last put"});
   vars.push_back({"MRC_PURGE_ON_FORK", env("MRC_PURGE_ON_FORK"),
                   (params.flags & MRC_FLAG_PURGE_ON_FORK) != 0 ? "on" : "off",
                   "deregister unused regions before fork (fewer pinned pages copied)"});
