@@ -14,7 +14,11 @@ void maps_prepare_fork() noexcept;
 void maps_parent_after_fork() noexcept;
 void maps_child_after_fork() noexcept;
 
-// Writes "prefix: message" into buf (always terminated); used for `why` and reasons.
+// Registers the pthread_atfork handlers (once): before the first subscription, and before the
+// first /proc/self/maps descriptor is kept open.
+void ensure_fork_handlers() noexcept;
+
+// Copies text into buf (always terminated, truncated to fit); used for `why` and reasons.
 void set_text(char *buf, size_t len, const char *text) noexcept;
 
 }  // namespace mrc::uffd::detail

@@ -229,7 +229,10 @@ mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
       slot->mutex.lock();
     }
     std::unique_lock<std::mutex> hold(slot->mutex, std::adopt_lock);
-    if (slot->fd < 0) slot->fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (slot->fd < 0) {
+      detail::ensure_fork_handlers();  // a forked child must not query through this descriptor
+      slot->fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    }
     if (slot->fd >= 0) {
       switch (procmap_query(slot->fd, address, or_next, out)) {
         case QueryStatus::Found: return MRC_OK;

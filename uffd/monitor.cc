@@ -80,6 +80,7 @@ struct MonitorRun {
   std::atomic<bool> stop{false};
   bool drop_events = false;
   size_t page_size = 4096;
+  bool closed_uffd = false;  // set by the monitor thread; read by the stopper after join
 };
 
 }  // namespace
@@ -471,8 +472,9 @@ void service(MonitorRun *run) noexcept {
         default: break;
       }
     }
-    run->queue->end_batch();
+    // Counted before pending falls: whoever waited for it sees the count too.
     if (events != 0) run->events->fetch_add(events, std::memory_order_relaxed);
+    run->queue->end_batch();
     for (size_t i = 0; i < faults; ++i) resolve_fault(run, fault_address[i], fault_flags[i]);
     if (count < kBatch) return;
   }
@@ -507,7 +509,7 @@ class UringLoop {
     for (;;) {
       if (!uffd_active_) {
         io_uring_sqe *sqe = io_uring_get_sqe(ring_);
-        MRC_CHECK(sqe != nullptr);  // at most three requests in flight in an 8-entry ring
+        MRC_CHECK(sqe != nullptr);  // at most three requests in flight in a 64-entry ring
         io_uring_prep_poll_multishot(sqe, run_->uffd, POLLIN);
         io_uring_sqe_set_data64(sqe, kUffdReady);
         uffd_active_ = true;
@@ -525,7 +527,9 @@ class UringLoop {
       bool broken = false;
       reap([&](const io_uring_cqe *cqe) {
         if (cqe->user_data == kUffdReady) {
-          if (cqe->res < 0) {
+          // A multishot request also ends (and is re-armed) when the completion queue
+          // overflowed or it was cancelled; any other error means the ring cannot poll.
+          if (cqe->res < 0 && cqe->res != -EOVERFLOW && cqe->res != -ECANCELED) {
             broken = true;
           } else {
             readable = true;
@@ -598,26 +602,39 @@ class UringLoop {
   uint64_t control_value_ = 0;
 };
 
-void *monitor_main(void *arg) {
-  MonitorRun *run = static_cast<MonitorRun *>(arg);
+void run_loop(MonitorRun *run) noexcept {
   if (run->ring != nullptr) {
     UringLoop loop(run);
-    if (loop.run()) return nullptr;
+    if (loop.run()) return;
     // The ring failed: the same work on poll(2). A read request we could not retire may swallow
     // the stop wakeup, hence the timeout.
     service(run);
     poll_loop(run, 100);
-    return nullptr;
+    return;
   }
   poll_loop(run, -1);
+}
+
+void *monitor_main(void *arg) {
+  MonitorRun *run = static_cast<MonitorRun *>(arg);
+  run_loop(run);
+  // Close the userfaultfd here, before this thread exits: that drops every registration at
+  // once. Thread exit may unmap memory on this thread (a sanitizer's or a preloaded runtime's
+  // per-thread data, merged into a watched mapping); with the registrations still in place that
+  // munmap would wait for an UNMAP reader, which is this very thread.
+  close(run->uffd);
+  run->closed_uffd = true;
   return nullptr;
 }
 
 // ---- lifecycle (REQUIRES: g.mutex) ----
 
 void close_run_locked(bool in_forked_child = false) noexcept {
-  if (g.uffd >= 0) close(g.uffd);  // drops every registration, releases any waiting thread
+  // Drops every registration and releases any waiting thread. The monitor thread closed it
+  // itself if it ran (and the number may belong to someone else by now).
+  if (g.uffd >= 0 && !g.run.closed_uffd) close(g.uffd);
   g.uffd = -1;
+  g.run.closed_uffd = false;
   if (g.ring_ready) io_uring_queue_exit(&g.ring);
   g.ring_ready = false;
   if (g.control >= 0) close(g.control);
@@ -701,7 +718,9 @@ void start_locked() noexcept {
     }
   }
   if (failed == nullptr && !g.force_poll.load(std::memory_order_relaxed)) {
-    g.ring_ready = io_uring_queue_init(8, &g.ring, 0) == 0;
+    // Room for bursts of readiness completions; a multishot poll that cannot post ends and
+    // is re-armed, so a full queue costs time, never an event.
+    g.ring_ready = io_uring_queue_init(64, &g.ring, 0) == 0;
     // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
   }
   if (failed != nullptr) {
@@ -712,6 +731,7 @@ void start_locked() noexcept {
     return;
   }
 
+  g.events.store(0, std::memory_order_relaxed);  // "events read since start"
   g.run.uffd = g.uffd;
   g.run.control = g.control;
   g.run.ring = g.ring_ready ? &g.ring : nullptr;
@@ -795,8 +815,10 @@ void wait_for_unmaps_in_flight(int uffd) noexcept {
 }
 
 // Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away.
-void sync_watches_locked() noexcept {
-  wait_for_unmaps_in_flight(g.uffd);
+// `settle`: first wait for unmaps in flight (needed before trusting an armed piece; unwatch
+// trusts nothing and skips it).
+void sync_watches_locked(bool settle) noexcept {
+  if (settle) wait_for_unmaps_in_flight(g.uffd);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
       if (record.kind != InvalidationKind::Remove) g.watches.disarm(record.start, record.end);
@@ -839,6 +861,14 @@ void after_fork_in_child() noexcept {
 void install_fork_handlers() noexcept {
   pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
+
+}  // namespace
+
+namespace detail {
+void ensure_fork_handlers() noexcept { pthread_once(&g_atfork_once, install_fork_handlers); }
+}  // namespace detail
+
+namespace {
 
 bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, char *why,
                 size_t why_len) noexcept {
@@ -886,7 +916,7 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
   if (!page_range(start, length, &lo, &hi, why, why_len)) return WatchResult::NotMonitorable;
   std::lock_guard<std::mutex> hold(g.mutex);
   if (g.needs_start) start_locked();
-  sync_watches_locked();
+  sync_watches_locked(/*settle=*/true);
   return g.watches.watch(lo, hi, why, why_len);
 }
 
@@ -895,7 +925,7 @@ void Consumer::unwatch(uintptr_t start, size_t length) {
   uintptr_t hi;
   if (!page_range(start, length, &lo, &hi, nullptr, 0)) return;
   std::lock_guard<std::mutex> hold(g.mutex);
-  sync_watches_locked();
+  sync_watches_locked(/*settle=*/false);
   g.watches.unwatch(lo, hi);
 }
 
@@ -913,7 +943,7 @@ mrc_monitor_mode_t Consumer::mode() const noexcept {
 
 mrc_status_t Monitor::subscribe(Consumer **out) {
   if (out == nullptr) return MRC_ERR_INVALID;
-  pthread_once(&g_atfork_once, install_fork_handlers);
+  detail::ensure_fork_handlers();
   Consumer *consumer = new (std::nothrow) Consumer(&g.queue);
   if (consumer == nullptr) return MRC_ERR_NO_MEMORY;
   std::lock_guard<std::mutex> hold(g.mutex);

@@ -24,6 +24,14 @@
 // releases A when the monitor's read() has consumed the event; `pending` was raised before that
 // read, so A's later quiescent() sees it raised (slow path: wait, drain) or sees it lowered after
 // the record was published (and then the cursor is behind the head until the record is applied).
+//
+// Environment (read at each monitor start):
+//   MRC_MONITOR=auto|wp-async|wp|missing|off   forces a mode; off means uncached.
+//   MRC_TEST_DROP_EVENTS=1                     TEST ONLY: the monitor reads and counts events
+//                                              but publishes nothing, so that the stress
+//                                              harness can prove that its oracle catches a
+//                                              cache that misses invalidations. Never set it
+//                                              in production: every unmap goes unnoticed.
 #pragma once
 
 #include <atomic>

@@ -350,7 +350,12 @@ bool WatchSet::fill_gap(uintptr_t from, uintptr_t to, Piece **created, char *why
       return false;
     }
     if (!acceptable(mapping, why, why_len)) return false;
-    const uintptr_t alignment = std::max<uintptr_t>(kWatchBlock, mapping.page_size);
+    // MISSING mode registers exactly what was asked for: a widened piece could take in memory
+    // merged into the same VMA that the monitor thread itself touches for the first time (a
+    // runtime's per-thread data), and that fault would wait for the monitor.
+    const uintptr_t alignment = config_.mode == MRC_MONITOR_MISSING
+                                    ? static_cast<uintptr_t>(mapping.page_size)
+                                    : std::max<uintptr_t>(kWatchBlock, mapping.page_size);
     uintptr_t lo = std::max(mapping.start, align_down(at, alignment));
     uintptr_t hi = std::min(mapping.end, align_up(to, alignment));
     // [at, to) is free; widen into the free space around it only.

@@ -1,7 +1,9 @@
 // Watched ranges: which parts of the address space are registered with the userfaultfd.
 //
 // A watch(start, end) is widened to pieces: whole kWatchBlock blocks (or huge pages), clipped to
-// the mapping that holds them and to the pieces that already exist. Pieces never overlap; each
+// the mapping that holds them and to the pieces that already exist. In MISSING mode pieces are
+// exactly the pages asked for (see fill_gap: faults there are resolved by the monitor thread,
+// which must never fault on anything it did not choose). Pieces never overlap; each
 // counts the live watches that overlap it and is unregistered when the last one goes, so
 // neighbours never unwatch each other. A piece is `armed` while its registration is known to be
 // intact: the kernel drops the registration of whatever is unmapped or moved, and the monitor's

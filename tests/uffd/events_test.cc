@@ -91,6 +91,23 @@ TEST_P(Events, MunmapOnePageInsideKeepsTheRest) {
   munmap(p, 16 * page);
 }
 
+// Write-protect modes widen a watch to its block (within the mapping); MISSING mode registers
+// exactly the pages asked for, because its faults are resolved by the monitor thread.
+TEST_P(Events, WideningDependsOnTheMode) {
+  const size_t page = page_size();
+  char *p = map_anonymous(16 * page);
+  watch(p, page);
+  ASSERT_EQ(munmap(p + 8 * page, page), 0);
+  const auto records = drain();
+  if (missing_mode()) {
+    EXPECT_TRUE(records.empty()) << describe(records);
+  } else {
+    EXPECT_TRUE(covered(records, u(p + 8 * page), u(p + 9 * page), InvalidationKind::Unmap))
+        << describe(records);
+  }
+  munmap(p, 16 * page);
+}
+
 TEST_P(Events, MunmapSpanningTwoRegions) {
   const size_t page = page_size();
   // Reserve three adjacent ranges; the middle one becomes a hole between two regions.

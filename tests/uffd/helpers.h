@@ -127,14 +127,14 @@ inline size_t count_vmas() {
   return n;
 }
 
-// VMAs that lie in [lo, hi) (sanitizer runtimes map memory of their own elsewhere).
+// VMAs that overlap [lo, hi) (sanitizer runtimes map memory of their own elsewhere).
 inline size_t count_vmas_in(uintptr_t lo, uintptr_t hi) {
   FILE *maps = fopen("/proc/self/maps", "r");
   size_t n = 0;
   unsigned long start, end;
   char line[512];
   while (fgets(line, sizeof(line), maps) != nullptr) {
-    if (sscanf(line, "%lx-%lx", &start, &end) == 2 && start >= lo && end <= hi) ++n;
+    if (sscanf(line, "%lx-%lx", &start, &end) == 2 && start < hi && lo < end) ++n;
   }
   fclose(maps);
   return n;

@@ -107,6 +107,14 @@ TEST(InvalidationQueue, PendingCoversTheWindowBetweenReleaseAndPublish) {
       std::this_thread::yield();
       queue.q.append(record_for(i));
       queue.q.end_batch();
+      if (i % 64 == 0) {
+        // Now and then, leave pending lowered until the observer has looked (bounded wait).
+        const uint64_t seen = checks.load();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (checks.load() == seen && std::chrono::steady_clock::now() < until) {
+          std::this_thread::yield();
+        }
+      }
     }
     done.store(true);
   });
