@@ -9,7 +9,8 @@
 #   -j N          build and test jobs (default: nproc, or $MRC_JOBS)
 #   -- ARGS       extra cmake configure arguments, e.g. -- -DMRC_SANITIZE=address,undefined
 # env: MRC_CMAKE_ARGS (extra configure arguments), MRC_CTEST_ARGS (extra ctest arguments,
-#      e.g. "-L uffd" or "-R pgtable")
+#      e.g. "-L uffd" or "-R pgtable"), MRC_TEST_TIMEOUT (seconds a test without a TIMEOUT of
+#      its own may run before ctest kills it and fails it; default 300)
 set -euo pipefail
 # shellcheck source=scripts/lib/build.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/build.sh"
@@ -27,5 +28,7 @@ mrc_log "ctest"
 # shellcheck disable=SC2206
 ctest_args=(${MRC_CTEST_ARGS:-})
 status=0
-ctest --test-dir "$mrc_build_dir" --output-on-failure -j "$mrc_jobs" "${ctest_args[@]}" || status=$?
+# A hung test must fail, not hang the command: every test gets a default timeout.
+ctest --test-dir "$mrc_build_dir" --output-on-failure -j "$mrc_jobs" \
+  --timeout "${MRC_TEST_TIMEOUT:-300}" "${ctest_args[@]}" || status=$?
 exit "$status"
