@@ -64,7 +64,7 @@ cleanup() {
     log "chroot kept at $root"
   else
     # Never delete through a mount that is still there.
-    if findmnt -rn -o TARGET | grep -q "^$root/"; then
+    if grep -q "^$root/" <<<"$(findmnt -rn -o TARGET)"; then
       log "mounts remain under $root: not deleting it"
     else
       rm -rf --one-file-system "$root"
