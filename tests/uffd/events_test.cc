@@ -2,6 +2,7 @@
 // kinds of memory each mode can or cannot watch.
 #include <fcntl.h>
 #include <sys/ipc.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/syscall.h>
@@ -309,10 +310,14 @@ TEST_P(Events, FileMappingNeedsWpAsync) {
   EXPECT_TRUE(covered(records, u(p), u(p) + length, InvalidationKind::Unmap)) << describe(records);
 }
 
-// Reserves `pages` huge pages for the scope when running as root and none are free.
+// Reserves `pages` huge pages for the scope when running as root and none are free. The test
+// processes of this program run in parallel under ctest: a lock file serialises them, so that
+// one never restores a count that another one raised.
 class HugePages {
  public:
   explicit HugePages(long pages) {
+    lock_ = open("/tmp/mrc-uffd-hugepages.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_ >= 0) flock(lock_, LOCK_EX);
     old_ = read_count();
     if (free_pages() >= pages || geteuid() != 0 || old_ < 0) return;
     write_count(old_ + pages);
@@ -320,6 +325,7 @@ class HugePages {
   }
   ~HugePages() {
     if (changed_) write_count(old_);
+    if (lock_ >= 0) close(lock_);  // releases the lock
   }
   static long free_pages() {
     FILE *f = fopen("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "r");
@@ -347,6 +353,7 @@ class HugePages {
     fprintf(f, "%ld\n", n);
     fclose(f);
   }
+  int lock_ = -1;
   long old_ = -1;
   bool changed_ = false;
 };
