@@ -209,8 +209,11 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     PgtRegion *found = table_.lookup(address);
     if (found == nullptr) return false;
     region = static_cast<Region *>(found);
-    // end and prot never change once a region is published in the table.
-    if (region->end < request_end || (region->prot & prot) != prot) return false;
+    // Bounds and prot never change once a region is published in the table; the start check
+    // also keeps a lookup that raced with a restructuring writer from handing out a neighbour.
+    if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
+      return false;
+    }
     if (!region->try_acquire()) return false;
   }
   uint32_t flags = region->flags.load(std::memory_order_acquire);
