@@ -1,8 +1,8 @@
 // Every way memory goes away reaches a consumer as a record, in every monitor mode; and the
 // kinds of memory each mode can or cannot watch.
 #include <fcntl.h>
-#include <sys/ipc.h>
 #include <sys/file.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/syscall.h>
