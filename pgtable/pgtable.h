@@ -40,7 +40,11 @@
 //     (relaxed: statistics, and a hint that lookup() checks against the root's tag). An inner
 //     node's occupancy bitmap and child count are the writer's alone; readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
-//     table's domain, concurrently with the writer. No lock, no store to shared memory.
+//     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
+//     concurrent with the writer is not a snapshot: it visits every region present for the
+//     whole walk exactly once, in address order among themselves, but a region inserted or
+//     removed meanwhile may be visited or not, and may overlap one visited before it (the
+//     cache walks only under its writer lock).
 //   Publication: every slot (and root_) is a std::atomic<uintptr_t>. The writer fills a new node
 //     while it is private, then publishes it with a release store into its parent slot; readers
 //     load every slot with acquire, so a node's slots and its immutable base are visible before
