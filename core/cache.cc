@@ -53,7 +53,7 @@ struct CacheRegistry {
   }
   static void add(Cache *cache) {
     static std::once_flag once;
-    std::call_once(once, [] { pthread_atfork(&prepare, &after, &after); });
+    std::call_once(once, [] { pthread_atfork(&prepare, &after, &after_in_child); });
     std::lock_guard lock(mutex());
     cache->fork_next_ = head();
     head() = cache;
@@ -79,6 +79,17 @@ struct CacheRegistry {
       cache->mutex_.unlock();
     }
     mutex().unlock();
+  }
+  // The parent owns every registration the child inherited: mark them all before any child
+  // thread can put one (this handler runs while the child has a single thread). The table is
+  // emptied at the child's first drain (DrainResult::Forked).
+  static void after_in_child() {
+    for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
+      for (Region *region = cache->live_head_; region != nullptr; region = region->live_next) {
+        region->change_flags(Region::kForgotten);
+      }
+    }
+    after();
   }
 };
 
@@ -147,16 +158,17 @@ void Cache::destroy(Cache *cache) noexcept {
   Region *leftover = nullptr;
   {
     std::lock_guard lock(cache->mutex_);
+    cache->reap_finished_locked();
     leftover = cache->live_head_;
-    cache->live_head_ = nullptr;
   }
-  for (Region *region = leftover; region != nullptr;) {
-    Region *next = region->live_next;
-    region->live_prev = region->live_next = nullptr;
+  for (Region *region = leftover; region != nullptr; region = region->live_next) {
     ++in_use;
     region->refcount.store(Region::kDead, std::memory_order_relaxed);
-    cache->finish(region);
-    region = next;
+    cache->finish(region);  // links it on finished_; the live list is walked, not changed
+  }
+  {
+    std::lock_guard lock(cache->mutex_);
+    cache->reap_finished_locked();
   }
   if (in_use != 0) {
     MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
@@ -221,8 +233,8 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     release(region);
     return false;
   }
-  if ((flags & Region::kReferenced) == 0) {
-    region->flags.fetch_or(Region::kReferenced, std::memory_order_relaxed);
+  if (!region->referenced.load(std::memory_order_relaxed)) {
+    region->referenced.store(true, std::memory_order_relaxed);
   }
   if (verify_pfn_pages_ != 0 && !verify_pfns(region)) {
     release(region);
@@ -239,14 +251,14 @@ void Cache::put(Region *region) noexcept {
 
 bool Cache::verify_pfns(Region *region) noexcept {
   if (pfn::matches(region->start, region->pfns, region->pfn_count)) return true;
-  pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);
+  pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);  // rare: a locked add is fine
   MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
                 region->start, region->end);
   Region *deferred = nullptr;
   {
     std::lock_guard lock(mutex_);
     if (region->has(Region::kInTable)) {
-      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.invalidations;
       remove_locked(region);
     }
     deferred = take_deferred_locked();
@@ -256,31 +268,32 @@ bool Cache::verify_pfns(Region *region) noexcept {
 }
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
-  gets_slow_.fetch_add(1, std::memory_order_relaxed);
-  // The kernel queues an UNMAP event only after the VMA is gone; new memory may already sit at
-  // the address. The slow path waits for such unmaps to be read (one ioctl) before it trusts a
-  // lookup; the fast path cannot afford that and relies on the invariant's ordering instead.
-  consumer_->settle();
+  // No syscall here (one costs more than a whole miss): like the fast path, the slow path trusts
+  // the records published so far. An unmap whose UNMAP event the kernel has not queued yet (it
+  // does so after the VMA is gone) is invisible to both; the invariant covers gets ordered after
+  // that unmap returned, and by then the monitor has read its event (see cache.h).
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   Region *deferred = nullptr;
   {
     std::lock_guard lock(mutex_);
+    ++slow_.gets_slow;
+    reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
     if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {
       if (region->has(Region::kFailed)) {
         // A remembered failure: the memory has not changed since (no event removed it).
-        registration_failures_.fetch_add(1, std::memory_order_relaxed);
+        ++slow_.registration_failures;
         status = region->failure;
       } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
-        region->flags.fetch_or(Region::kReferenced, std::memory_order_relaxed);
-        hits_slow_.fetch_add(1, std::memory_order_relaxed);
+        region->referenced.store(true, std::memory_order_relaxed);
+        ++slow_.hits_slow;
         hit = region;
       }
     }
     if (status == MRC_OK && hit == nullptr) {
-      misses_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.misses;
       status = register_locked(start, end, prot, &hit);
     }
     deferred = take_deferred_locked();
@@ -295,7 +308,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
 
 void Cache::drain_locked() noexcept {
   uffd::DrainResult result = consumer_->drain([this](const uffd::Invalidation &record) {
-    unmap_events_.fetch_add(1, std::memory_order_relaxed);
+    ++slow_.unmap_events;
     invalidate_range_locked(record.start, record.end);
   });
   switch (result) {
@@ -303,20 +316,14 @@ void Cache::drain_locked() noexcept {
     case uffd::DrainResult::Overflow:
       // Records were lost: nothing cached can be trusted. The next drain moves past the gap.
       MRC_LOG_INFO("cache {}: invalidation queue overflowed; purging every region", name_);
-      purges_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.purges;
       purge_locked(true);
       drain_locked();
       break;
     case uffd::DrainResult::Forked: {
-      // In a forked child: the parent owns every registration; forget them all.
+      // In a forked child: every inherited region is already marked kForgotten (CacheRegistry).
       purge_locked(false);
       Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
-      for (Region *region = garbage; region != nullptr; region = region->gc_next) {
-        region->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
-      }
-      for (Region *region = live_head_; region != nullptr; region = region->live_next) {
-        region->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
-      }
       while (garbage != nullptr) {
         Region *next = garbage->gc_next;
         defer_locked(garbage);
@@ -334,7 +341,7 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
   Region *batch[kBatch];
   for (size_t count; (count = collect_overlapping(table_, start, end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
-      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.invalidations;
       remove_locked(batch[i]);
     }
   }
@@ -343,25 +350,26 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 void Cache::remove_locked(Region *region) noexcept {
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
-  const uint32_t old_flags = region->flags.fetch_or(Region::kInvalid, std::memory_order_release);
-  region->flags.fetch_and(~static_cast<uint32_t>(Region::kInTable), std::memory_order_release);
+  const bool registered = region->has(Region::kRegistered);
+  region->change_flags(Region::kInvalid, Region::kInTable);
   lru_remove_locked(region);
-  if ((old_flags & Region::kRegistered) != 0) {
+  if (registered) {
     --cached_regions_;
     cached_bytes_ -= region->length();
   }
-  if (region->drop_reference()) {
-    defer_locked(region);
-  } else if ((old_flags & Region::kRegistered) != 0) {
-    unreleased_bytes_.fetch_add(region->length(), std::memory_order_relaxed);
+  if (registered) {
+    // Flagged before the table's reference goes: the last put may follow at once.
+    region->change_flags(Region::kUnreleased);
+    slow_.unreleased_bytes += region->length();
   }
+  if (region->drop_reference()) defer_locked(region);
 }
 
 void Cache::purge_locked(bool deregister) noexcept {
   Region *batch[kBatch];
   for (size_t count; (count = collect_overlapping(table_, 0, ~uintptr_t{0}, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
-      if (!deregister) batch[i]->flags.fetch_or(Region::kForgotten, std::memory_order_relaxed);
+      if (!deregister) batch[i]->change_flags(Region::kForgotten);
       remove_locked(batch[i]);
     }
   }
@@ -388,13 +396,11 @@ void Cache::evict_locked() noexcept {
     Region *region = lru_hand_;
     lru_hand_ = region->lru_next;
     if (region->refcount.load(std::memory_order_acquire) != 1) continue;  // in use: never
-    const uint32_t flags = region->flags.load(std::memory_order_relaxed);
-    if ((flags & Region::kReferenced) != 0 && (flags & Region::kFailed) == 0) {
-      region->flags.fetch_and(~static_cast<uint32_t>(Region::kReferenced),
-                              std::memory_order_relaxed);
+    if (region->referenced.load(std::memory_order_relaxed) && !region->has(Region::kFailed)) {
+      region->referenced.store(false, std::memory_order_relaxed);
       continue;
     }
-    evictions_.fetch_add(1, std::memory_order_relaxed);
+    ++slow_.evictions;
     remove_locked(region);
   }
 }
@@ -408,7 +414,7 @@ size_t Cache::evict_unused_locked() noexcept {
   for (size_t budget = table_entries_; region != nullptr && budget-- != 0;) {
     Region *next = region->lru_next;
     if (region->refcount.load(std::memory_order_acquire) == 1 && !region->has(Region::kFailed)) {
-      evictions_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.evictions;
       remove_locked(region);
       ++evicted;
     }
@@ -419,12 +425,7 @@ size_t Cache::evict_unused_locked() noexcept {
   while (deferred != nullptr) {
     Region *next = deferred->gc_next;
     if (deferred->has(Region::kRegistered) && !deferred->has(Region::kForgotten)) {
-      backend_.dereg(backend_ctx_, deferred->handle);
-      deregistrations_.fetch_add(1, std::memory_order_relaxed);
-      deferred->flags.fetch_and(~static_cast<uint32_t>(Region::kRegistered),
-                                std::memory_order_relaxed);
-      live_regions_.fetch_sub(1, std::memory_order_relaxed);
-      live_bytes_.fetch_sub(deferred->length(), std::memory_order_relaxed);
+      end_registration(deferred, true);
     }
     deferred->gc_next = deferred_;  // the rest of finish() runs after the lock
     deferred_ = deferred;
@@ -474,12 +475,12 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
         merged_start = union_start;
         merged_end = union_end;
         merged_prot = union_prot;
-        merges_.fetch_add(1, std::memory_order_relaxed);
+        ++slow_.merges;
         remove_locked(region);
         changed = true;
       } else if (overlaps) {
         // Cannot merge and cannot coexist: it leaves the table, its users keep it.
-        invalidations_.fetch_add(1, std::memory_order_relaxed);
+        ++slow_.invalidations;
         remove_locked(region);
         changed = true;
       }
@@ -527,7 +528,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
   region->cache = this;
 
   if (status != MRC_OK) {
-    registration_failures_.fetch_add(1, std::memory_order_relaxed);
+    ++slow_.registration_failures;
     MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
     if (!watched) {  // nothing would tell us when the memory changes: do not remember
@@ -553,11 +554,9 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
 
   region->handle = handle;
   region->key = key;
-  registrations_.fetch_add(1, std::memory_order_relaxed);
-  live_regions_.fetch_add(1, std::memory_order_relaxed);
-  live_bytes_.fetch_add(region->length(), std::memory_order_relaxed);
-  size_histogram_[63 - std::countl_zero(static_cast<uint64_t>(region->length()))].fetch_add(
-      1, std::memory_order_relaxed);
+  ++slow_.registrations;
+  slow_.registered_bytes += region->length();
+  ++slow_.size_histogram[63 - std::countl_zero(static_cast<uint64_t>(region->length()))];
   if (verify_pfn_pages_ != 0) {
     region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
     region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
@@ -582,7 +581,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     }
   }
   if (!watched) {
-    uncacheable_.fetch_add(1, std::memory_order_relaxed);
+    ++slow_.uncacheable;
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
@@ -649,18 +648,12 @@ void Cache::release(Region *region) noexcept {
     }
     return;
   }
-  retire(region);
+  finish(region);
 }
 
 void Cache::collect_garbage() noexcept {
   if (garbage_.load(std::memory_order_relaxed) == nullptr) return;
   Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
-  {
-    std::lock_guard lock(mutex_);
-    for (Region *region = garbage; region != nullptr; region = region->gc_next) {
-      unlink_live_locked(region);
-    }
-  }
   while (garbage != nullptr) {
     Region *next = garbage->gc_next;
     garbage_bytes_.fetch_sub(garbage->length(), std::memory_order_relaxed);
@@ -680,7 +673,6 @@ void Cache::unlink_live_locked(Region *region) noexcept {
 }
 
 void Cache::defer_locked(Region *region) noexcept {
-  unlink_live_locked(region);
   region->gc_next = deferred_;
   deferred_ = region;
 }
@@ -699,36 +691,25 @@ void Cache::finish_all(Region *list) noexcept {
   }
 }
 
-void Cache::retire(Region *region) noexcept {
-  {
-    std::lock_guard lock(mutex_);
-    unlink_live_locked(region);
+// Deregisters (unless `deregister` is false: a fork child forgets what the parent owns). By the
+// region's only owner: under mutex_ for deferred regions, or the finishing thread.
+void Cache::end_registration(Region *region, bool deregister) noexcept {
+  if (deregister) {
+    backend_.dereg(backend_ctx_, region->handle);
+    hot_.add(Counter::Deregistrations);
   }
-  finish(region);
+  hot_.add(Counter::EndedBytes, region->length());
+  region->change_flags(0, Region::kRegistered);
 }
 
-// The end of a region: its count is zero, it is out of the table and off the live list, so no
-// one can add a callback any more. Never under mutex_ (the backend may munmap).
+// The end of a region: its count is zero and it is out of the table, so no one can add a
+// callback any more. Never under mutex_ (the backend may munmap). No lock: the region goes on
+// finished_, and the next holder of mutex_ unlinks and retires it (reap_finished_locked).
 void Cache::finish(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   const bool forgotten = (flags & Region::kForgotten) != 0;
-  if ((flags & Region::kRegistered) != 0) {
-    if (!forgotten) {
-      backend_.dereg(backend_ctx_, region->handle);
-      deregistrations_.fetch_add(1, std::memory_order_relaxed);
-    }
-    live_regions_.fetch_sub(1, std::memory_order_relaxed);
-    live_bytes_.fetch_sub(region->length(), std::memory_order_relaxed);
-    if ((flags & (Region::kInvalid | Region::kUncached)) == Region::kInvalid) {
-      // Counted as unreleased when it left the table while referenced.
-      uint64_t unreleased = unreleased_bytes_.load(std::memory_order_relaxed);
-      while (unreleased != 0 &&
-             !unreleased_bytes_.compare_exchange_weak(
-                 unreleased, unreleased - std::min<uint64_t>(unreleased, region->length()),
-                 std::memory_order_relaxed)) {
-      }
-    }
-  }
+  if ((flags & Region::kUnreleased) != 0) hot_.add(Counter::ReleasedBytes, region->length());
+  if ((flags & Region::kRegistered) != 0) end_registration(region, !forgotten);
   if ((flags & Region::kWatched) != 0 && !forgotten) {
     consumer_->unwatch(region->start, region->length());
   }
@@ -741,7 +722,25 @@ void Cache::finish(Region *region) noexcept {
   region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
-  epoch_domain().retire(region, &Cache::recycle_region);
+  region->change_flags(Region::kFinished);
+  Region *head = finished_.load(std::memory_order_relaxed);
+  do {
+    region->gc_next = head;
+  } while (!finished_.compare_exchange_weak(head, region, std::memory_order_release,
+                                            std::memory_order_relaxed));
+}
+
+// Every region finished since the last call leaves the live list and goes to the epoch domain,
+// which recycles its memory once no fast-path reader can still hold it.
+void Cache::reap_finished_locked() noexcept {
+  if (finished_.load(std::memory_order_relaxed) == nullptr) return;
+  Region *region = finished_.exchange(nullptr, std::memory_order_acquire);
+  while (region != nullptr) {
+    Region *next = region->gc_next;
+    unlink_live_locked(region);
+    epoch_domain().retire(region, &Cache::recycle_region);
+    region = next;
+  }
 }
 
 Region *Cache::allocate_region_locked() noexcept {
@@ -790,7 +789,7 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
       region->callbacks = callback;
     }
     if (region->has(Region::kInTable)) {
-      invalidations_.fetch_add(1, std::memory_order_relaxed);
+      ++slow_.invalidations;
       remove_locked(region);
     }
     deferred = take_deferred_locked();
@@ -801,35 +800,48 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
 
 void Cache::stats(mrc_stats_t *out) noexcept {
   collect_garbage();
+  SlowStats slow{};
   mrc_stats_t stats{};
-  stats.hits_fast = hot_.sum(Counter::HitsFast);
-  stats.gets = stats.hits_fast + gets_slow_.load(std::memory_order_relaxed);
-  stats.puts = hot_.sum(Counter::Puts);
-  stats.hits_slow = hits_slow_.load(std::memory_order_relaxed);
-  stats.misses = misses_.load(std::memory_order_relaxed);
-  stats.merges = merges_.load(std::memory_order_relaxed);
-  stats.unmap_events = unmap_events_.load(std::memory_order_relaxed);
-  stats.invalidations = invalidations_.load(std::memory_order_relaxed);
-  stats.registrations = registrations_.load(std::memory_order_relaxed);
-  stats.deregistrations = deregistrations_.load(std::memory_order_relaxed);
-  stats.evictions = evictions_.load(std::memory_order_relaxed);
-  stats.registered_bytes = live_bytes_.load(std::memory_order_relaxed);
-  stats.registration_failures = registration_failures_.load(std::memory_order_relaxed);
-  stats.uncacheable = uncacheable_.load(std::memory_order_relaxed);
-  stats.pfn_mismatches = pfn_mismatches_.load(std::memory_order_relaxed);
-  stats.purges = purges_.load(std::memory_order_relaxed);
-  stats.unreleased_bytes = unreleased_bytes_.load(std::memory_order_relaxed) +
-                           garbage_bytes_.load(std::memory_order_relaxed);
+  uint64_t ended_bytes = 0;
+  uint64_t released_bytes = 0;
   {
+    // The sharded sums under the lock too: what they subtract was then added before (under the
+    // lock), so the differences never go below zero.
     std::lock_guard lock(mutex_);
+    slow = slow_;
     stats.regions = cached_regions_;
+    ended_bytes = hot_.sum(Counter::EndedBytes);
+    released_bytes = hot_.sum(Counter::ReleasedBytes);
   }
+  stats.hits_fast = hot_.sum(Counter::HitsFast);
+  stats.gets = stats.hits_fast + slow.gets_slow;
+  stats.puts = hot_.sum(Counter::Puts);
+  stats.hits_slow = slow.hits_slow;
+  stats.misses = slow.misses;
+  stats.merges = slow.merges;
+  stats.unmap_events = slow.unmap_events;
+  stats.invalidations = slow.invalidations;
+  stats.registrations = slow.registrations;
+  stats.deregistrations = hot_.sum(Counter::Deregistrations);
+  stats.evictions = slow.evictions;
+  stats.registered_bytes = slow.registered_bytes - ended_bytes;
+  stats.registration_failures = slow.registration_failures;
+  stats.uncacheable = slow.uncacheable;
+  stats.pfn_mismatches = pfn_mismatches_.load(std::memory_order_relaxed);
+  stats.purges = slow.purges;
+  stats.unreleased_bytes =
+      slow.unreleased_bytes - released_bytes + garbage_bytes_.load(std::memory_order_relaxed);
   *out = stats;
 }
 
 int Cache::stats_json(char *buffer, size_t length) noexcept {
   mrc_stats_t s{};
   stats(&s);
+  uint64_t histogram[64];
+  {
+    std::lock_guard lock(mutex_);
+    std::memcpy(histogram, slow_.size_histogram, sizeof histogram);
+  }
   fmt::memory_buffer text;
   auto out = std::back_inserter(text);
   fmt::format_to(out,
@@ -847,7 +859,7 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
                  s.unreleased_bytes);
   bool first = true;
   for (unsigned bucket = 0; bucket < 64; ++bucket) {
-    const uint64_t count = size_histogram_[bucket].load(std::memory_order_relaxed);
+    const uint64_t count = histogram[bucket];
     if (count == 0) continue;
     fmt::format_to(out, "{}\"{}\":{}", first ? "" : ",", uint64_t{1} << bucket, count);
     first = false;

@@ -2,23 +2,34 @@
 // backend, invalidated by the userfaultfd monitor.
 //
 // SYNCHRONIZATION
-// - mutex_ guards the page table's writer side, the LRU ring, the byte/region totals and every
-//   Region field marked "mutex_". One slow-path thread at a time.
+// - mutex_ guards the page table's writer side, the LRU ring, the live list, the slow-path
+//   statistics (plain integers) and every Region field marked "mutex_". One slow-path thread at
+//   a time. Region::flags are written only under mutex_ or by the one thread that finishes the
+//   region (plain load + release store, no read-modify-write); readers load them with acquire.
 // - Fast path (get_fast, any thread, no lock): consumer_->quiescent() (acquire: pairs with the
 //   monitor's release of `pending` and with this cache's release of its cursor in drain) →
 //   EpochGuard → page-table lookup (acquire loads of child pointers, pairs with the writer's
 //   release stores) → Region::try_acquire (one fetch_add; a count marked kDead is never used)
-//   → flags check (an invalid region is put back and the slow path runs).
+//   → flags check (an invalid region is put back and the slow path runs) → CLOCK bit (a
+//   relaxed store, only when it was clear).
 //   Because the cursor is released only after the removals of a batch are applied, a thread
 //   that sees the queue drained also sees those regions gone.
-// - Region memory is recycled (pool) or freed only through the epoch domain, after the region
-//   left the page table and its count reached zero, so a fast-path reader holding a stale
-//   pointer never touches reused memory.
+// - The last put finishes a region without any lock (deregistration, unwatch, callbacks) and
+//   pushes it on finished_ (lock-free stack); the next holder of mutex_ unlinks it from the live
+//   list and retires it to the epoch domain. Region memory is recycled (pool) or freed only
+//   through the epoch domain, so a fast-path reader holding a stale pointer never touches reused
+//   memory.
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
-// - Statistics on the hit path go to per-thread shards (core/counters.h); the rest under mutex_
-//   or in relaxed atomics.
+// - The unmap window. The kernel queues an UNMAP event only after the VMA is gone, so for a few
+//   microseconds another thread can map new memory at that address while the old region is
+//   still in the table (and its range still counts as watched). Neither path closes that window
+//   (closing it costs a syscall per get: more than a whole miss); DESIGN.md's invariant holds
+//   because the unmapping thread returns only after the monitor read the event, and a get
+//   ordered after that return sees the record published or `pending` raised.
+// - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
+//   shards (core/counters.h), the rest are plain integers under mutex_.
 #pragma once
 
 #include <atomic>
@@ -52,8 +63,9 @@ struct Region : PgtRegion, mrc_region {
     kFailed = 1U << 3,      // a remembered registration failure (negative entry)
     kUncached = 1U << 4,    // never in the table: deregistered at the last put
     kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
-    kReferenced = 1U << 6,  // CLOCK bit: used since the eviction hand last passed
-    kWatched = 1U << 7,     // the range is watched by the monitor (unwatch at the end)
+    kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
+    kUnreleased = 1U << 7,  // left the table referenced: counted in unreleased bytes
+    kFinished = 1U << 8,    // finish() ran: waiting on finished_ to be unlinked and retired
   };
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
@@ -61,6 +73,7 @@ struct Region : PgtRegion, mrc_region {
   static constexpr uint64_t kDead = uint64_t{1} << 63;
   std::atomic<uint64_t> refcount{0};
   std::atomic<uint32_t> flags{0};
+  std::atomic<bool> referenced{false};  // CLOCK bit: used since the eviction hand last passed
   unsigned prot = 0;
   void *handle = nullptr;
   uint64_t key = 0;
@@ -70,7 +83,7 @@ struct Region : PgtRegion, mrc_region {
   Region *lru_next = nullptr;
   Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
   Region *live_next = nullptr;
-  Region *gc_next = nullptr;  // the deferred-deregistration stacks, then the region pool
+  Region *gc_next = nullptr;  // the deferred, garbage and finished stacks, then the region pool
   InvalidateCallback *callbacks = nullptr;  // mutex_
   uint64_t *pfns = nullptr;                 // page frames recorded at registration
   size_t pfn_count = 0;
@@ -79,6 +92,10 @@ struct Region : PgtRegion, mrc_region {
   bool has(uint32_t flag) const noexcept {
     return (flags.load(std::memory_order_acquire) & flag) != 0;
   }
+  // Under mutex_, or by the thread finishing the region: the only writers (see SYNCHRONIZATION).
+  void change_flags(uint32_t set, uint32_t clear = 0) noexcept {
+    flags.store((flags.load(std::memory_order_relaxed) | set) & ~clear, std::memory_order_release);
+  }
   // One locked instruction. An increment from zero (the count fell to zero but its releaser
   // has not set kDead yet) is a valid resurrection: that releaser's CAS then fails and the
   // caller, finding the region invalid, becomes the one to release it. Pairs with release's
@@ -86,8 +103,15 @@ struct Region : PgtRegion, mrc_region {
   bool try_acquire() noexcept {
     return (refcount.fetch_add(1, std::memory_order_acquire) & kDead) == 0;
   }
-  // True for the one caller that dropped the last reference and must retire the region.
+  // True for the one caller that dropped the last reference and must retire the region. The
+  // last reference costs one locked instruction too: 1 -> kDead directly.
   bool drop_reference() noexcept {
+    uint64_t one = 1;
+    if (refcount.load(std::memory_order_relaxed) == 1 &&
+        refcount.compare_exchange_strong(one, kDead, std::memory_order_acq_rel,
+                                         std::memory_order_relaxed)) {
+      return true;
+    }
     if (refcount.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
     uint64_t zero = 0;
     return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
@@ -137,14 +161,16 @@ class Cache {
   void purge_locked(bool deregister) noexcept;
   void live_insert_locked(Region *region) noexcept;
 
-  // Dropping references. A region whose count reached zero is unlinked from the live list
-  // under mutex_ (defer_locked, or retire on the put path) and finished outside it.
+  // Dropping references. A region whose count reached zero is finished outside mutex_ (on the
+  // put path, or after the lock for those collected on deferred_), then unlinked from the live
+  // list and retired by reap_finished_locked.
   void release(Region *region) noexcept;
-  void retire(Region *region) noexcept;
   void defer_locked(Region *region) noexcept;
   Region *take_deferred_locked() noexcept;
   void finish_all(Region *list) noexcept;
   void finish(Region *region) noexcept;
+  void end_registration(Region *region, bool deregister) noexcept;
+  void reap_finished_locked() noexcept;
   void unlink_live_locked(Region *region) noexcept;
   void collect_garbage() noexcept;
   // Region memory: recycled through a bounded pool once the epoch domain says no reader can
@@ -175,16 +201,19 @@ class Cache {
   Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
   std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
   std::atomic<uint64_t> garbage_bytes_{0};
-  std::atomic<uint64_t> unreleased_bytes_{0};  // invalidated, still referenced or in garbage_
-  std::atomic<uint64_t> live_regions_{0};      // registered, not yet deregistered
-  std::atomic<uint64_t> live_bytes_{0};
+  std::atomic<Region *> finished_{nullptr};  // finished, still on the live list
 
   ShardedCounters hot_;
-  // Slow-path counters: relaxed atomics.
-  std::atomic<uint64_t> gets_slow_{0}, hits_slow_{0}, misses_{0}, merges_{0}, unmap_events_{0},
-      invalidations_{0}, registrations_{0}, deregistrations_{0}, evictions_{0},
-      registration_failures_{0}, uncacheable_{0}, pfn_mismatches_{0}, purges_{0};
-  std::atomic<uint64_t> size_histogram_[64] = {};
+  // Slow-path statistics, mutex_. Totals that also fall outside the lock are a mutex_ sum here
+  // minus a sharded counter (registered bytes, unreleased bytes).
+  struct SlowStats {
+    uint64_t gets_slow, hits_slow, misses, merges, unmap_events, invalidations, registrations,
+        evictions, registration_failures, uncacheable, purges;
+    uint64_t registered_bytes;  // ever registered; minus Counter::EndedBytes = still registered
+    uint64_t unreleased_bytes;  // ever left the table referenced; minus Counter::ReleasedBytes
+    uint64_t size_histogram[64];
+  } slow_{};
+  std::atomic<uint64_t> pfn_mismatches_{0};  // counted on the fast path, outside mutex_
 
   static constexpr uint64_t kRegionPoolMax = 4096;
   std::atomic<Region *> region_pool_{nullptr};

@@ -32,7 +32,14 @@ inline const ThreadSlot &this_thread_slot() noexcept {
   return __builtin_expect(slot.assigned, 1) ? slot : detail::assign_thread_slot();
 }
 
-enum class Counter : unsigned { HitsFast, Puts, kCount };
+enum class Counter : unsigned {
+  HitsFast,
+  Puts,
+  Deregistrations,
+  EndedBytes,     // bytes whose registration ended (deregistered, or forgotten after fork)
+  ReleasedBytes,  // unreleased bytes whose last reference went
+  kCount
+};
 
 class ShardedCounters {
  public:

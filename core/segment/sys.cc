@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -22,8 +23,7 @@ thread_local char t_last_error[512];
 }  // namespace
 
 void set_error_text(const char *text) noexcept {
-  std::strncpy(t_last_error, text, sizeof t_last_error - 1);
-  t_last_error[sizeof t_last_error - 1] = '\0';
+  std::snprintf(t_last_error, sizeof t_last_error, "%s", text);
 }
 void clear_error() noexcept { t_last_error[0] = '\0'; }
 const char *last_error() noexcept { return t_last_error; }

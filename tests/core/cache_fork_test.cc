@@ -76,6 +76,32 @@ TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
   munmap(p, 4 * kPage);
 }
 
+// The child's very first call puts an inherited region that was invalidated in the parent: no
+// get has drained the child's queue yet, so only the fork handler can have marked it.
+TEST(CacheFork, ChildsFirstPutOfAnInheritedRegionDoesNotDeregister) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("fork-first-put");
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  char *p = static_cast<char *>(
+      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  mrc_region_t *held = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &held), MRC_OK);
+  ASSERT_EQ(mrc_invalidate(cache, held, nullptr, nullptr), MRC_OK);  // ours is the last reference
+
+  int child = in_child([&] {
+    mrc_put(cache, held);
+    return backend.deregs == 0 ? 0 : 1;
+  });
+  EXPECT_EQ(child, 0) << "the child deregistered a registration the parent owns";
+  EXPECT_EQ(backend.deregs, 0u);
+  mrc_put(cache, held);
+  EXPECT_EQ(backend.deregs, 1u);
+  mrc_cache_destroy(cache);
+  munmap(p, 4 * kPage);
+}
+
 TEST(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
   if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
   CountingBackend backend;
