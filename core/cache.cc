@@ -169,6 +169,7 @@ void Cache::destroy(Cache *cache) noexcept {
   {
     std::lock_guard lock(cache->mutex_);
     cache->reap_finished_locked();
+    cache->retire_batch_locked();
   }
   if (in_use != 0) {
     MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
@@ -179,10 +180,12 @@ void Cache::destroy(Cache *cache) noexcept {
     if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
   }
   epoch_domain().synchronize();  // every retired region is back in the pool
-  for (Region *region = cache->region_pool_.exchange(nullptr); region != nullptr;) {
-    Region *next = region->gc_next;
-    delete region;
-    region = next;
+  for (Region *list : {cache->free_regions_, cache->recycled_.exchange(nullptr)}) {
+    while (list != nullptr) {
+      Region *next = list->gc_next;
+      delete list;
+      list = next;
+    }
   }
   delete cache;
 }
@@ -532,7 +535,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
     if (!watched) {  // nothing would tell us when the memory changes: do not remember
-      recycle_region(region);
+      free_region_locked(region);
       return status;
     }
     // Remember the failure until the memory changes, so a retry storm never reaches the backend.
@@ -542,7 +545,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     region->refcount.store(1, std::memory_order_relaxed);
     if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
       consumer_->unwatch(merged_start, merged_end - merged_start);
-      recycle_region(region);
+      free_region_locked(region);
       return status;
     }
     ++table_entries_;
@@ -730,44 +733,62 @@ void Cache::finish(Region *region) noexcept {
                                             std::memory_order_relaxed));
 }
 
-// Every region finished since the last call leaves the live list and goes to the epoch domain,
-// which recycles its memory once no fast-path reader can still hold it.
+// Every region finished since the last call leaves the live list and goes to the epoch domain
+// (in batches), which recycles its memory once no fast-path reader can still hold it.
 void Cache::reap_finished_locked() noexcept {
   if (finished_.load(std::memory_order_relaxed) == nullptr) return;
   Region *region = finished_.exchange(nullptr, std::memory_order_acquire);
   while (region != nullptr) {
     Region *next = region->gc_next;
     unlink_live_locked(region);
-    epoch_domain().retire(region, &Cache::recycle_region);
+    if (retiring_count_ == kRetireBatch) retire_batch_locked();
+    retiring_[retiring_count_++] = region;
     region = next;
   }
 }
 
+void Cache::retire_batch_locked() noexcept {
+  if (retiring_count_ == 0) return;
+  epoch_domain().retire_many(reinterpret_cast<void *const *>(retiring_), retiring_count_,
+                             &Cache::recycle_region);
+  retiring_count_ = 0;
+}
+
 Region *Cache::allocate_region_locked() noexcept {
-  Region *region = region_pool_.load(std::memory_order_acquire);
-  while (region != nullptr &&
-         !region_pool_.compare_exchange_weak(region, region->gc_next, std::memory_order_acquire,
-                                             std::memory_order_acquire)) {
+  if (free_regions_ == nullptr && recycled_.load(std::memory_order_relaxed) != nullptr) {
+    for (Region *region = recycled_.exchange(nullptr, std::memory_order_acquire);
+         region != nullptr;) {
+      Region *next = region->gc_next;
+      free_region_locked(region);
+      region = next;
+    }
   }
+  Region *region = free_regions_;
   if (region == nullptr) return new (std::nothrow) Region();
-  region_pool_size_.fetch_sub(1, std::memory_order_relaxed);
+  free_regions_ = region->gc_next;
+  --free_count_;
   return new (region) Region();  // Region is trivially destructible: reuse the storage
 }
 
-void Cache::recycle_region(void *object) noexcept {
-  auto *region = static_cast<Region *>(object);
-  Cache *cache = region->cache;
-  if (cache == nullptr ||
-      cache->region_pool_size_.fetch_add(1, std::memory_order_relaxed) >= kRegionPoolMax) {
-    if (cache != nullptr) cache->region_pool_size_.fetch_sub(1, std::memory_order_relaxed);
+void Cache::free_region_locked(Region *region) noexcept {
+  if (free_count_ == kFreeRegionsMax) {
     delete region;
     return;
   }
-  Region *head = cache->region_pool_.load(std::memory_order_relaxed);
+  region->gc_next = free_regions_;
+  free_regions_ = region;
+  ++free_count_;
+}
+
+// The epoch domain's reclaim callback: no lock (it may run on any thread, under any lock).
+void Cache::recycle_region(void *object) noexcept {
+  auto *region = static_cast<Region *>(object);
+  Cache *cache = region->cache;
+  Region *head = cache->recycled_.load(std::memory_order_relaxed);
   do {
     region->gc_next = head;
-  } while (!cache->region_pool_.compare_exchange_weak(head, region, std::memory_order_release,
-                                                      std::memory_order_relaxed));
+  } while (!cache->recycled_.compare_exchange_weak(head, region, std::memory_order_release,
+                                                   std::memory_order_relaxed));
 }
 
 // ---- invalidate, statistics ---------------------------------------------------------------------

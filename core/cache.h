@@ -171,11 +171,13 @@ class Cache {
   void finish(Region *region) noexcept;
   void end_registration(Region *region, bool deregister) noexcept;
   void reap_finished_locked() noexcept;
+  void retire_batch_locked() noexcept;
   void unlink_live_locked(Region *region) noexcept;
   void collect_garbage() noexcept;
-  // Region memory: recycled through a bounded pool once the epoch domain says no reader can
-  // still see it (pushed by any thread, popped under mutex_ only: no ABA).
+  // Region memory: the epoch domain's reclaim callback (any thread) pushes it on recycled_;
+  // mutex_ holders allocate from free_regions_ and refill it from recycled_ in one exchange.
   Region *allocate_region_locked() noexcept;
+  void free_region_locked(Region *region) noexcept;
   static void recycle_region(void *region) noexcept;
 
   char name_[64] = "mrcache";
@@ -202,6 +204,11 @@ class Cache {
   std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
   std::atomic<uint64_t> garbage_bytes_{0};
   std::atomic<Region *> finished_{nullptr};  // finished, still on the live list
+  // mutex_: unlinked from the live list, retired to the epoch domain in batches (one lock of
+  // the domain per batch).
+  static constexpr size_t kRetireBatch = 32;
+  Region *retiring_[kRetireBatch] = {};
+  size_t retiring_count_ = 0;
 
   ShardedCounters hot_;
   // Slow-path statistics, mutex_. Totals that also fall outside the lock are a mutex_ sum here
@@ -215,9 +222,10 @@ class Cache {
   } slow_{};
   std::atomic<uint64_t> pfn_mismatches_{0};  // counted on the fast path, outside mutex_
 
-  static constexpr uint64_t kRegionPoolMax = 4096;
-  std::atomic<Region *> region_pool_{nullptr};
-  std::atomic<uint64_t> region_pool_size_{0};
+  static constexpr size_t kFreeRegionsMax = 4096;  // beyond it, region memory goes back to malloc
+  std::atomic<Region *> recycled_{nullptr};
+  Region *free_regions_ = nullptr;  // mutex_
+  size_t free_count_ = 0;           // mutex_
 
   Cache *fork_next_ = nullptr;  // the process's list of caches (fork handling)
   friend struct CacheRegistry;

@@ -447,25 +447,30 @@ void EpochDomain::reclaim(RetiredList list) noexcept {
 // ---- the public operations -------------------------------------------------------------------
 
 void EpochDomain::retire(void *object, void (*reclaim_fn)(void *)) noexcept {
-  MRC_DASSERT(object != nullptr && reclaim_fn != nullptr);
+  retire_many(&object, 1, reclaim_fn);
+}
+
+void EpochDomain::retire_many(void *const *objects, size_t count,
+                              void (*reclaim_fn)(void *)) noexcept {
+  MRC_DASSERT(reclaim_fn != nullptr);
   RetiredList done;
-  bool queued;
+  size_t queued = 0;
   {
     std::lock_guard lock(mutex_);
     decide_mode_locked();
-    queued = detail::append(current_, {object, reclaim_fn});
-    if (queued) {
-      pending_.fetch_add(1, std::memory_order_relaxed);
+    while (queued < count && detail::append(current_, {objects[queued], reclaim_fn})) ++queued;
+    if (queued != 0) {
+      pending_.fetch_add(queued, std::memory_order_relaxed);
       if (current_.count >= kBatch) done = advance_locked(false);
     }
   }
-  if (!queued) {
-    // No memory to remember the object: wait out the readers here instead. Inside a guard of
+  if (queued < count) {
+    // No memory to remember the objects: wait out the readers here instead. Inside a guard of
     // this domain that would wait for ourselves.
     MRC_CHECK(!in_guard());
     heavy_barrier();
     wait_for_readers();
-    reclaim_fn(object);
+    for (size_t i = queued; i < count; ++i) reclaim_fn(objects[i]);
   }
   reclaim(done);
 }

@@ -125,6 +125,8 @@ class EpochDomain {
   // The object must already be unreachable for readers that start after this call. Never waits
   // for readers; may run the callbacks of earlier objects on this thread.
   void retire(void *object, void (*reclaim)(void *)) noexcept;
+  // retire() for each of objects[0, count), under one acquisition of the domain's mutex.
+  void retire_many(void *const *objects, size_t count, void (*reclaim)(void *)) noexcept;
 
   // Reclaims what is safe to reclaim and starts a grace period for the rest; never waits.
   void poll() noexcept;

@@ -75,6 +75,22 @@ TEST_P(EpochTest, RetireThenSynchronizeFrees) {
   EXPECT_EQ(domain_.pending(), 0u);
 }
 
+TEST_P(EpochTest, RetireManyWaitsForGuardsLikeRetire) {
+  std::atomic<int> reclaimed{0};
+  void *objects[200];
+  for (void *&object : objects) object = new Tracked{&reclaimed};
+  {
+    GuardHolder holder(domain_);
+    domain_.retire_many(objects, 200, &Tracked::reclaim);  // more than a batch and a chunk
+    domain_.poll();
+    EXPECT_EQ(reclaimed.load(), 0) << "reclaimed under a guard that was active at retirement";
+    EXPECT_EQ(domain_.pending(), 200u);
+  }
+  domain_.synchronize();
+  EXPECT_EQ(reclaimed.load(), 200);
+  EXPECT_EQ(domain_.pending(), 0u);
+}
+
 TEST_P(EpochTest, PollReclaimsWhenNoReaderIsInside) {
   std::atomic<int> reclaimed{0};
   retire_tracked(domain_, reclaimed);
