@@ -36,6 +36,18 @@ size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
   return count;
 }
 
+// Whether the memory of [start, end) allows `prot` (its real protection, from the kernel).
+bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
+  for (uintptr_t address = start; address < end;) {
+    uffd::Mapping mapping{};
+    if (uffd::query_mapping(address, &mapping) != MRC_OK || mapping.start > address) return false;
+    if ((prot & MRC_PROT_READ) != 0 && (mapping.prot & PROT_READ) == 0) return false;
+    if ((prot & MRC_PROT_WRITE) != 0 && (mapping.prot & PROT_WRITE) == 0) return false;
+    address = mapping.end;
+  }
+  return true;
+}
+
 }  // namespace
 
 // ---- the process's caches, for fork ----------------------------------------------------------
@@ -437,17 +449,6 @@ size_t Cache::evict_unused_locked() noexcept {
   return evicted;
 }
 
-bool Cache::can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
-  for (uintptr_t address = start; address < end;) {
-    uffd::Mapping mapping{};
-    if (uffd::query_mapping(address, &mapping) != MRC_OK || mapping.start > address) return false;
-    if ((prot & MRC_PROT_READ) != 0 && (mapping.prot & PROT_READ) == 0) return false;
-    if ((prot & MRC_PROT_WRITE) != 0 && (mapping.prot & PROT_WRITE) == 0) return false;
-    address = mapping.end;
-  }
-  return true;
-}
-
 mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot,
                                     Region **out) noexcept {
   // Merge with every overlapping or adjacent region whose protection the memory allows.
@@ -474,7 +475,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
       const uintptr_t union_end = std::max<uintptr_t>(merged_end, region->end);
       const unsigned union_prot = merged_prot | region->prot;
       const bool widens = union_prot != region->prot || union_prot != merged_prot;
-      if (!widens || can_widen_locked(union_start, union_end, union_prot)) {
+      if (!widens || memory_allows(union_start, union_end, union_prot)) {
         merged_start = union_start;
         merged_end = union_end;
         merged_prot = union_prot;

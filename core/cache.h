@@ -121,6 +121,9 @@ struct Region : PgtRegion, mrc_region {
 
 class Cache {
  public:
+  Cache(const Cache &) = delete;
+  Cache &operator=(const Cache &) = delete;
+
   [[nodiscard]] static mrc_status_t create(const mrc_cache_params_t &params, Cache **out) noexcept;
   static void destroy(Cache *cache) noexcept;
 
@@ -139,10 +142,8 @@ class Cache {
  private:
   Cache() = default;
   ~Cache();
-  Cache(const Cache &) = delete;
-  Cache &operator=(const Cache &) = delete;
 
-  bool get_fast(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
@@ -152,7 +153,6 @@ class Cache {
   void remove_locked(Region *region) noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
-  bool can_widen_locked(uintptr_t start, uintptr_t end, unsigned prot) noexcept;
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot,
                                Region **out) noexcept;
   void lru_insert_locked(Region *region) noexcept;
@@ -178,7 +178,7 @@ class Cache {
   // mutex_ holders allocate from free_regions_ and refill it from recycled_ in one exchange.
   Region *allocate_region_locked() noexcept;
   void free_region_locked(Region *region) noexcept;
-  static void recycle_region(void *region) noexcept;
+  static void recycle_region(void *object) noexcept;
 
   char name_[64] = "mrcache";
   mrc_backend_t backend_{};  // the caller's ops, completed with not-supported defaults

@@ -2,8 +2,7 @@
 
 #include <mutex>
 
-namespace mrc {
-namespace detail {
+namespace mrc::detail {
 
 constinit thread_local ThreadSlot tls_thread_slot{0, false, false};
 
@@ -45,5 +44,4 @@ const ThreadSlot &assign_thread_slot() noexcept {
   return slot;
 }
 
-}  // namespace detail
-}  // namespace mrc
+}  // namespace mrc::detail

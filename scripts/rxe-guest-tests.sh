@@ -76,12 +76,7 @@ stress() {
     echo "note: mrcache-stress is not built in $build: step skipped"
     return 77
   fi
-  # No move/grow mremaps here: on the guest's 6.12 kernel a move or grow of a range that watching
-  # split into several VMAs fails part-way (EFAULT), and the harness lost track of a slot once
-  # (ibv_reg_mr "Bad address", then SIGSEGV; issue 8). The host lane runs the full mix; this
-  # lane is for the RDMA READ oracle under every other mutation.
-  "$bin" --backend verbs --duration "$stress_seconds" \
-    --mix remap=4,shrink=2,unmap-tail=1,dontneed=3,free=2,fixed=2,purge=0.05
+  "$bin" --backend verbs --duration "$stress_seconds"
 }
 
 step sanity sanity

@@ -42,7 +42,7 @@ namespace {
 constexpr unsigned kDefaultTimeoutMs = 5000;
 constexpr uint64_t kBaseGranule = uint64_t{1} << 30;
 constexpr uint64_t kUserTop = uint64_t{1} << 47;
-constexpr uint64_t kPollNs = 200 * 1000;
+constexpr uint64_t kPollNs = uint64_t{200} * 1000;
 constexpr uint64_t kPage = 4096;
 
 // The default window: where processes rarely map anything, and (x86-64) inside the application

@@ -115,23 +115,27 @@ std::string Pool::in_flight(uintptr_t start, size_t len, uint64_t since_ns) cons
 
 namespace {
 
-// How much of a failed move arrived at the PROT_NONE reservation [target, target+len): the
-// length of the read-write mappings at its start (the moved VMAs keep their protection).
-size_t moved_prefix(uintptr_t target, size_t len) {
+// Whether [start, start+len) is one VMA. mremap moves and resizes a range within one VMA only:
+// across several, kernels before 6.17 refuse it (EFAULT), 6.17+ move VMA by VMA and may stop
+// part-way, leaving a prefix at the target and free address space behind it that another
+// thread may map at once, so that no cleanup is safe. A slot is split by the harness's own
+// MAP_FIXED mutations (and by anything that watches part of it). Unknown (maps unreadable, or
+// the line lost to a torn read): false, which only turns the mutation into a remap.
+bool one_vma(uintptr_t start, size_t len) {
   std::FILE *maps = std::fopen("/proc/self/maps", "r");
-  if (maps == nullptr) return 0;
-  uintptr_t covered = target;
+  if (maps == nullptr) return false;
+  bool whole = false;
   char line[512];
   while (std::fgets(line, sizeof line, maps) != nullptr) {
     unsigned long lo = 0, hi = 0;
-    char perms[8] = {};
-    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
-    if (hi <= covered || lo >= target + len) continue;
-    if (lo > covered || perms[0] == '-') break;  // the reservation (---p) or a gap
-    covered = std::min<uintptr_t>(hi, target + len);
+    if (std::sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+    if (lo <= start && start < hi) {
+      whole = hi >= start + len;
+      break;
+    }
   }
   std::fclose(maps);
-  return covered - target;
+  return whole;
 }
 
 }  // namespace
@@ -153,6 +157,10 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
   }
   if ((kind == MutationKind::kShrink || kind == MutationKind::kUnmapTail) && pages < 2) {
     kind = MutationKind::kRemap;
+  }
+  if ((kind == MutationKind::kMove || kind == MutationKind::kGrow) &&
+      !one_vma(slot.start, slot.len)) {
+    kind = MutationKind::kRemap;  // see one_vma: a refused mremap could leave nothing to undo
   }
   m.kind = kind;
   {
@@ -198,17 +206,12 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
       void *moved = mremap(old_addr, slot.len, slot.len, MREMAP_MAYMOVE | MREMAP_FIXED, target);
       if (moved == MAP_FAILED) {
         m.error = errno;
-        // Linux 6.17+ moves a multi-VMA range VMA by VMA and stops at one it refuses (one
-        // registered with a userfaultfd): the first `moved_len` bytes are now at the target and
-        // their old place is free address space that another thread may already have mapped.
-        // Unmap only what is still ours: the part left behind and the whole target.
-        const size_t moved_len = moved_prefix(reinterpret_cast<uintptr_t>(target), slot.len);
-        if (moved_len < slot.len)
-          munmap(static_cast<char *>(old_addr) + moved_len, slot.len - moved_len);
-        munmap(target, slot.len);
-        slot.start = 0;
-        slot.len = 0;
-        (void)replace();
+        // One VMA does not move part-way: the slot is intact. The kernel may already have
+        // unmapped the reservation (mremap_to clears the target before it checks the source),
+        // and another thread may have mapped there since: leave it alone (address space only,
+        // PROT_NONE and MAP_NORESERVE; counted among the refused moves) rather than risk
+        // unmapping someone else's memory.
+        replace();
         break;
       }
       slot.start = reinterpret_cast<uintptr_t>(moved);
