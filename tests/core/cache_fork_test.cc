@@ -29,14 +29,31 @@ int in_child(Body body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
-  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+// A cache over a counting backend and four pages of private memory.
+class CacheFork : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+    p = static_cast<char *>(
+        mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(p, MAP_FAILED);
+  }
+  void TearDown() override {
+    if (p != nullptr && p != MAP_FAILED) munmap(p, 4 * kPage);
+  }
+  void create(unsigned flags) {
+    mrc_cache_params_t params = backend.params("fork");
+    params.flags |= flags;
+    ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  }
+
   CountingBackend backend;
-  mrc_cache_params_t params = backend.params("fork");
   mrc_cache_t *cache = nullptr;
-  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(
-      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  char *p = nullptr;
+};
+
+TEST_F(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
+  create(0);
   mrc_region_t *held = nullptr;
   ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &held), MRC_OK);
   const uint64_t parent_key = mrc_region_key(held);
@@ -73,19 +90,12 @@ TEST(CacheFork, ChildForgetsInheritedRegionsWithoutDeregistering) {
   mrc_put(cache, held);
   mrc_cache_destroy(cache);
   EXPECT_EQ(backend.live_count(), 0u);
-  munmap(p, 4 * kPage);
 }
 
 // The child's very first call puts an inherited region that was invalidated in the parent: no
 // get has drained the child's queue yet, so only the fork handler can have marked it.
-TEST(CacheFork, ChildsFirstPutOfAnInheritedRegionDoesNotDeregister) {
-  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
-  CountingBackend backend;
-  mrc_cache_params_t params = backend.params("fork-first-put");
-  mrc_cache_t *cache = nullptr;
-  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(
-      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+TEST_F(CacheFork, ChildsFirstPutOfAnInheritedRegionDoesNotDeregister) {
+  create(0);
   mrc_region_t *held = nullptr;
   ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &held), MRC_OK);
   ASSERT_EQ(mrc_invalidate(cache, held, nullptr, nullptr), MRC_OK);  // ours is the last reference
@@ -99,18 +109,10 @@ TEST(CacheFork, ChildsFirstPutOfAnInheritedRegionDoesNotDeregister) {
   mrc_put(cache, held);
   EXPECT_EQ(backend.deregs, 1u);
   mrc_cache_destroy(cache);
-  munmap(p, 4 * kPage);
 }
 
-TEST(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
-  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
-  CountingBackend backend;
-  mrc_cache_params_t params = backend.params("purge-on-fork");
-  params.flags |= MRC_FLAG_PURGE_ON_FORK;
-  mrc_cache_t *cache = nullptr;
-  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  char *p = static_cast<char *>(
-      mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+TEST_F(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
+  create(MRC_FLAG_PURGE_ON_FORK);
   mrc_region_t *region = nullptr;
   ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
   mrc_put(cache, region);
@@ -122,7 +124,6 @@ TEST(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
   mrc_put(cache, held);
   mrc_cache_destroy(cache);
   EXPECT_EQ(backend.live_count(), 0u);
-  munmap(p, 4 * kPage);
 }
 
 }  // namespace
