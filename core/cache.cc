@@ -257,10 +257,6 @@ bool Cache::verify_pfns(Region *region) noexcept {
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
   gets_slow_.fetch_add(1, std::memory_order_relaxed);
-  // The kernel queues an UNMAP event only after the VMA is gone; new memory may already sit at
-  // the address. The slow path waits for such unmaps to be read (one ioctl) before it trusts a
-  // lookup; the fast path cannot afford that and relies on the invariant's ordering instead.
-  consumer_->settle();
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   Region *deferred = nullptr;
