@@ -115,6 +115,7 @@ struct MonitorState {
   // Test controls.
   std::atomic<size_t> queue_capacity{0};
   std::atomic<uint64_t> vma_budget{0};
+  std::atomic<int64_t> idle_vmas{-1};
   std::atomic<bool> force_poll{false};
 
   detail::WatchSet watches;
@@ -773,6 +774,8 @@ void start_locked() noexcept {
   config.mode = negotiated.mode;
   const uint64_t budget = g.vma_budget.load(std::memory_order_relaxed);
   config.vma_budget = budget != 0 ? budget : default_vma_budget();
+  const int64_t idle = g.idle_vmas.load(std::memory_order_relaxed);
+  config.idle_limit = idle >= 0 ? static_cast<uint64_t>(idle) : detail::kDefaultIdleLimit;
   config.own[0][0] = reinterpret_cast<uintptr_t>(g.stack);
   config.own[0][1] = config.own[0][0] + g.stack_bytes;
   config.own[1][0] = g.queue.storage_begin();
@@ -798,12 +801,12 @@ void stop_locked() noexcept {
 //
 // Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
 // mmap lock; until the monitor reads it, another thread may already have mapped new memory at
-// the same addresses. A piece that still looks armed would then answer a watch of that new,
-// unregistered memory without registering it, and its later munmap would go unseen. The kernel
-// counts such operations in ctx->mmap_changing, from inside the mmap lock until the event has
-// been read, and UFFDIO_ZEROPAGE checks that counter before anything else: with an empty range
-// the answer is EAGAIN while one is in flight, EINVAL otherwise, and no lock is taken. Once it
-// is EINVAL, every such operation that happened before this call has been read, hence (pending
+// the same addresses, and a watch entry still stands there. Watches accept that window (see
+// watch.h); unregistering does not: it would act on someone else's mapping. The kernel counts
+// such operations in ctx->mmap_changing, from inside the mmap lock until the event has been
+// read, and UFFDIO_ZEROPAGE checks that counter before anything else: with an empty range the
+// answer is EAGAIN while one is in flight, EINVAL otherwise, and no lock is taken. Once it is
+// EINVAL, every such operation that happened before this call has been read, hence (pending
 // protocol) is visible to a drain that waits for `pending` to fall.
 void wait_for_unmaps_in_flight(int uffd) noexcept {
   if (uffd < 0) return;
@@ -814,18 +817,27 @@ void wait_for_unmaps_in_flight(int uffd) noexcept {
   }
 }
 
-// Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away.
-// `settle`: first wait for unmaps in flight (needed before trusting an armed piece; unwatch
-// trusts nothing and skips it).
+// Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away (a
+// REMAP's record is the old range; the moved VMA keeps its registration at the new address,
+// where the table records nothing: a watch there registers it again, a no-op for the kernel).
+// `settle`: first wait for unmaps in flight (before unregistering anything). Nothing to follow
+// while no monitor runs: the table is empty and the queue may be released (uncached mode).
 void sync_watches_locked(bool settle) noexcept {
+  if (!g.running) return;
   if (settle) wait_for_unmaps_in_flight(g.uffd);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
-      if (record.kind != InvalidationKind::Remove) g.watches.disarm(record.start, record.end);
+      if (record.kind != InvalidationKind::Remove) g.watches.forget(record.start, record.end);
     });
     if (result == DrainResult::Ok) return;
-    g.watches.disarm_all();  // lapped: any registration may be gone; drain again to resync
+    g.watches.forget_all();  // lapped: any registration may be gone; drain again to resync
   }
+}
+
+// Unregisters idle watch entries (past the limit, or to make room under the VMA budget).
+void evict_idle_watches_locked() noexcept {
+  sync_watches_locked(/*settle=*/true);
+  (void)g.watches.evict_idle();
 }
 
 // ---- fork ----
@@ -909,6 +921,8 @@ DrainResult Consumer::lapped(uint64_t head) noexcept {
   return DrainResult::Overflow;
 }
 
+// The fast path: one mutex, no syscall. The internal consumer is drained only when records are
+// waiting; its quiescent() check is three loads.
 WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   if (why != nullptr && why_len > 0) why[0] = '\0';
   uintptr_t lo;
@@ -916,8 +930,16 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
   if (!page_range(start, length, &lo, &hi, why, why_len)) return WatchResult::NotMonitorable;
   std::lock_guard<std::mutex> hold(g.mutex);
   if (g.needs_start) start_locked();
-  sync_watches_locked(/*settle=*/true);
-  return g.watches.watch(lo, hi, why, why_len);
+  if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
+  WatchResult result = g.watches.watch(lo, hi, why, why_len);
+  if (result == WatchResult::NotMonitorable && g.watches.wants_eviction()) {
+    // Over the VMA budget while idle entries hold some of it: give those back and try again.
+    evict_idle_watches_locked();
+    if (why != nullptr && why_len > 0) why[0] = '\0';
+    result = g.watches.watch(lo, hi, why, why_len);
+  }
+  if (g.watches.wants_eviction()) evict_idle_watches_locked();
+  return result;
 }
 
 void Consumer::unwatch(uintptr_t start, size_t length) {
@@ -925,14 +947,9 @@ void Consumer::unwatch(uintptr_t start, size_t length) {
   uintptr_t hi;
   if (!page_range(start, length, &lo, &hi, nullptr, 0)) return;
   std::lock_guard<std::mutex> hold(g.mutex);
-  sync_watches_locked(/*settle=*/false);
+  if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
   g.watches.unwatch(lo, hi);
-}
-
-void Consumer::settle() noexcept {
-  // Under the lock, so that the descriptor cannot be closed meanwhile.
-  std::lock_guard<std::mutex> hold(g.mutex);
-  wait_for_unmaps_in_flight(g.running ? g.uffd : -1);
+  if (g.watches.wants_eviction()) evict_idle_watches_locked();
 }
 
 mrc_monitor_mode_t Consumer::mode() const noexcept {
@@ -1001,6 +1018,7 @@ void set_queue_capacity(size_t records) {
   g.queue_capacity.store(records, std::memory_order_relaxed);
 }
 void set_vma_budget(uint64_t vmas) { g.vma_budget.store(vmas, std::memory_order_relaxed); }
+void set_idle_vmas(int64_t vmas) { g.idle_vmas.store(vmas, std::memory_order_relaxed); }
 void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }

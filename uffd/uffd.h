@@ -56,13 +56,6 @@ enum class WatchResult {
                    // (EBUSY), a mapping the kernel or the mode refuses, not mapped, VMA budget
 };
 
-// Granularity of watching. Registering a range inside a larger mapping splits its VMA, so ranges
-// are widened to whole blocks of this size (clipped to their mapping): a million cached regions
-// in one mapping then cost one registration per block and at most two extra VMAs in total,
-// because adjacent registered blocks merge back into one VMA. The price: unmaps within a watched
-// block but outside any cached region still produce (harmless) invalidations.
-inline constexpr size_t kWatchBlock = size_t{2} << 20;
-
 class Monitor;
 
 // One per cache: its cursor into the monitor's queue, and its door to watch/unwatch.
@@ -86,23 +79,24 @@ class Consumer {
   template <class Apply>
   [[nodiscard]] DrainResult drain(Apply &&apply);
 
-  // Makes the kernel report unmaps of [start, start+length) (widened to whole watch blocks
-  // clipped to the mapping). Call before registering with the backend: an unmap between a
-  // registration and a later watch would never be seen. Reference counted per block piece, so
-  // neighbours never unwatch each other. A watch whose blocks are all armed costs no syscall.
+  // Makes the kernel report unmaps, moves and madvise(DONTNEED/FREE/REMOVE) of
+  // [start, start+length): registers every whole mapping (VMA) the range touches, so that the
+  // application's VMAs are never split (in MISSING mode exactly the pages asked for). Call before
+  // registering with the backend: an unmap between a registration and a later watch would never
+  // be seen. Watches are counted, so neighbours never unwatch each other; memory that is already
+  // registered costs no syscall (a mutex and a few loads), including a mapping whose last watch
+  // left a short while ago (idle mappings stay registered, a bounded number of them). The price
+  // of whole mappings: every munmap/madvise anywhere in a watched mapping is reported (and makes
+  // the calling thread wait for the monitor).
+  // The window: if another thread unmapped this memory and the monitor has not read that event
+  // yet, the answer may come from the old registration and new memory mapped at the address
+  // stays unregistered until the record is drained. Its record, once drained, invalidates what
+  // was cached there; DESIGN.md's invariant covers gets that start after the unmap returned.
   // On NotMonitorable, `why` (if given) receives a human-readable reason.
   [[nodiscard]] WatchResult watch(uintptr_t start, size_t length, char *why = nullptr,
                                   size_t why_len = 0);
-  // Drops one reference taken by a successful watch() with the same arguments.
+  // Drops one watch taken by a successful watch() with the same arguments.
   void unwatch(uintptr_t start, size_t length);
-
-  // Waits until every munmap/mremap/madvise of watched memory that started before this call has
-  // been read by the monitor (one ioctl, ~0.5 us, when none is in flight); a drain() after it
-  // sees their records. The kernel removes a VMA before it queues the UNMAP event: in between,
-  // another thread can already map new memory at the same address, and a cache that looks that
-  // address up then would find the old region. quiescent() cannot see that window (it costs no
-  // syscall); a cache that must not hit in it calls settle() and drain() first (watch() does).
-  void settle() noexcept;
 
   mrc_monitor_mode_t mode() const noexcept;
 
@@ -167,6 +161,8 @@ namespace testing {
 void set_queue_capacity(size_t records);
 // Ceiling on VMAs added by watching; 0 = the default (vm.max_map_count / 4).
 void set_vma_budget(uint64_t vmas);
+// Idle watched mappings kept registered, from the next start; negative = the default (32).
+void set_idle_vmas(int64_t vmas);
 // Use the /proc/self/maps parser even where PROCMAP_QUERY works.
 void force_maps_fallback(bool on);
 // Run the monitor loop on poll(2) instead of io_uring (the fallback when io_uring fails).

@@ -19,80 +19,11 @@ namespace mrc::uffd::detail {
 
 std::atomic<uint64_t> g_registrations{0};
 
-struct Piece {
-  uintptr_t start;
-  uintptr_t end;
-  uint64_t refs = 0;
-  bool armed = false;
-  bool ever_armed = false;
-  // The edge was an edge of the mapping before we registered anything next to it: no split.
-  bool vma_start_edge = false;
-  bool vma_end_edge = false;
-  Piece *created_next = nullptr;  // pieces created by the watch() in progress (for rollback)
-};
-
-// The pieces that intersect one block, sorted by start. Most blocks hold one piece.
-struct BlockEntry {
-  static constexpr uint32_t kInline = 3;
-  uint32_t count = 0;
-  uint32_t capacity = kInline;
-  Piece **items = inline_items;
-  Piece *inline_items[kInline] = {};
-
-  BlockEntry() = default;
-  BlockEntry(const BlockEntry &) = delete;
-  BlockEntry &operator=(const BlockEntry &) = delete;
-  ~BlockEntry() {
-    if (items != inline_items) delete[] items;
-  }
-
-  bool insert(Piece *piece) noexcept {
-    if (count == capacity) {
-      const uint32_t grown = capacity * 2;
-      Piece **bigger = new (std::nothrow) Piece *[grown];
-      if (bigger == nullptr) return false;
-      std::copy(items, items + count, bigger);
-      if (items != inline_items) delete[] items;
-      items = bigger;
-      capacity = grown;
-    }
-    uint32_t at = count;
-    while (at > 0 && items[at - 1]->start > piece->start) {
-      items[at] = items[at - 1];
-      --at;
-    }
-    items[at] = piece;
-    ++count;
-    return true;
-  }
-
-  void erase(const Piece *piece) noexcept {
-    uint32_t at = 0;
-    while (at < count && items[at] != piece) ++at;
-    MRC_CHECK(at < count);
-    for (; at + 1 < count; ++at) items[at] = items[at + 1];
-    --count;
-  }
-};
-
 namespace {
 
-constexpr unsigned kBlockShift = 21;
-static_assert(kWatchBlock == (size_t{1} << kBlockShift));
-
-uint64_t block_of(uintptr_t address) noexcept { return address >> kBlockShift; }
-
-uintptr_t align_down(uintptr_t value, uintptr_t alignment) noexcept {
-  return value & ~(alignment - 1);
-}
-
-uintptr_t align_up(uintptr_t value, uintptr_t alignment) noexcept {
-  return (value + alignment - 1) & ~(alignment - 1);
-}
-
-bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
-  return a0 < b1 && b0 < a1;
-}
+// Registrations tried when the mapping changed between the lookup and the check after it.
+constexpr int kRegisterAttempts = 4;
+constexpr size_t kFirstCapacity = 16;
 
 const char *mode_word(mrc_monitor_mode_t mode) noexcept {
   switch (mode) {
@@ -119,195 +50,221 @@ void explain_errno(char *why, size_t why_len, const char *what, int error, uintp
            start, end, mode_word(mode), meaning, strerrorname_np(error));
 }
 
+bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
+  return a0 < b1 && b0 < a1;
+}
+
 }  // namespace
 
-// ---- BlockMap ----
+// ---- Ranges ----
 
-size_t BlockMap::home(uint64_t block) const noexcept {
-  return static_cast<size_t>((block * 0x9E3779B97F4A7C15ull) >> (64 - bits_));
-}
-
-BlockEntry *BlockMap::find(uint64_t block) const noexcept {
-  if (buckets_ == nullptr) return nullptr;
-  for (size_t i = home(block);; i = (i + 1) & mask_) {
-    const Bucket &bucket = buckets_[i];
-    if (bucket.entry == nullptr) return nullptr;
-    if (bucket.block == block) return bucket.entry;
-  }
-}
-
-bool BlockMap::grow() noexcept {
-  const unsigned bits = buckets_ == nullptr ? 6 : bits_ + 1;
-  const size_t capacity = size_t{1} << bits;
-  Bucket *fresh = new (std::nothrow) Bucket[capacity]();
-  if (fresh == nullptr) return false;
-  Bucket *old = buckets_;
-  const size_t old_capacity = buckets_ == nullptr ? 0 : mask_ + 1;
-  buckets_ = fresh;
-  mask_ = capacity - 1;
-  bits_ = bits;
-  for (size_t i = 0; i < old_capacity; ++i) {
-    if (old[i].entry == nullptr) continue;
-    size_t at = home(old[i].block);
-    while (buckets_[at].entry != nullptr) at = (at + 1) & mask_;
-    buckets_[at] = old[i];
-  }
-  delete[] old;
-  return true;
-}
-
-bool BlockMap::insert(uint64_t block, BlockEntry *entry) noexcept {
-  if (buckets_ == nullptr || (size_ + 1) * 4 > (mask_ + 1) * 3) {
-    if (!grow()) return false;
-  }
-  size_t at = home(block);
-  while (buckets_[at].entry != nullptr) {
-    MRC_DASSERT(buckets_[at].block != block);
-    at = (at + 1) & mask_;
-  }
-  buckets_[at] = Bucket{block, entry};
-  ++size_;
-  return true;
-}
-
-void BlockMap::erase(uint64_t block) noexcept {
-  if (buckets_ == nullptr) return;
-  size_t hole = home(block);
-  while (buckets_[hole].entry != nullptr && buckets_[hole].block != block) {
-    hole = (hole + 1) & mask_;
-  }
-  if (buckets_[hole].entry == nullptr) return;
-  buckets_[hole].entry = nullptr;
-  --size_;
-  // Backward-shift deletion: pull later members of the probe run into the hole when the hole
-  // lies between their home and their current position.
-  for (size_t at = (hole + 1) & mask_; buckets_[at].entry != nullptr; at = (at + 1) & mask_) {
-    const size_t want = home(buckets_[at].block);
-    const bool movable = hole <= at ? (want <= hole || want > at) : (want <= hole && want > at);
-    if (movable) {
-      buckets_[hole] = buckets_[at];
-      buckets_[at].entry = nullptr;
-      hole = at;
-    }
-  }
-}
-
-void BlockMap::reset() noexcept {
-  delete[] buckets_;
-  buckets_ = nullptr;
-  mask_ = 0;
-  bits_ = 0;
-  size_ = 0;
-}
-
-// ---- WatchSet: the piece index ----
-
-Piece *WatchSet::first_overlapping(uintptr_t from, uintptr_t to) const noexcept {
-  for (uint64_t block = block_of(from), last = block_of(to - 1); block <= last; ++block) {
-    const BlockEntry *entry = blocks_.find(block);
-    if (entry == nullptr) continue;
-    for (uint32_t i = 0; i < entry->count; ++i) {
-      Piece *piece = entry->items[i];
-      if (piece->start >= to) return nullptr;  // sorted: nothing later can overlap
-      if (piece->end > from) return piece;
-    }
-  }
-  return nullptr;
-}
-
-Piece *WatchSet::last_overlapping(uintptr_t from, uintptr_t to) const noexcept {
-  for (uint64_t block = block_of(to - 1), first = block_of(from);; --block) {
-    const BlockEntry *entry = blocks_.find(block);
-    if (entry != nullptr) {
-      for (uint32_t i = entry->count; i-- > 0;) {
-        Piece *piece = entry->items[i];
-        if (piece->end <= from) return nullptr;
-        if (piece->start < to) return piece;
-      }
-    }
-    if (block == first) return nullptr;
-  }
-}
-
-Piece *WatchSet::piece_ending_at(uintptr_t address) const noexcept {
-  Piece *piece = last_overlapping(address - 1, address);
-  return piece != nullptr && piece->end == address ? piece : nullptr;
-}
-
-Piece *WatchSet::piece_starting_at(uintptr_t address) const noexcept {
-  Piece *piece = first_overlapping(address, address + 1);
-  return piece != nullptr && piece->start == address ? piece : nullptr;
-}
-
-bool WatchSet::link(Piece *piece) noexcept {
-  const uint64_t first = block_of(piece->start);
-  const uint64_t last = block_of(piece->end - 1);
-  for (uint64_t block = first; block <= last; ++block) {
-    BlockEntry *entry = blocks_.find(block);
-    bool ok;
-    if (entry == nullptr) {
-      entry = new (std::nothrow) BlockEntry;
-      ok = entry != nullptr && entry->insert(piece) && blocks_.insert(block, entry);
-      if (!ok) delete entry;
+template <class T>
+size_t WatchSet::Ranges<T>::first_ending_above(uintptr_t address) const noexcept {
+  size_t lo = 0;
+  size_t hi = count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (items[mid].end > address) {
+      hi = mid;
     } else {
-      ok = entry->insert(piece);
-    }
-    if (!ok) {
-      // Undo the blocks linked so far.
-      for (uint64_t undo = first; undo < block; ++undo) {
-        BlockEntry *done = blocks_.find(undo);
-        MRC_CHECK(done != nullptr);
-        done->erase(piece);
-        if (done->count == 0) {
-          blocks_.erase(undo);
-          delete done;
-        }
-      }
-      return false;
+      lo = mid + 1;
     }
   }
+  return lo;
+}
+
+template <class T>
+size_t WatchSet::Ranges<T>::first_starting_from(uintptr_t address) const noexcept {
+  size_t lo = 0;
+  size_t hi = count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (items[mid].start >= address) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+template <class T>
+bool WatchSet::Ranges<T>::reserve(size_t more) noexcept {
+  if (count + more <= capacity) return true;
+  const size_t grown = std::max(kFirstCapacity, std::max(2 * capacity, count + more));
+  T *fresh = new (std::nothrow) T[grown];
+  if (fresh == nullptr) return false;
+  std::copy(items, items + count, fresh);
+  delete[] items;
+  items = fresh;
+  capacity = grown;
   return true;
 }
 
-void WatchSet::unlink(Piece *piece) noexcept {
-  for (uint64_t block = block_of(piece->start), last = block_of(piece->end - 1); block <= last;
-       ++block) {
-    BlockEntry *entry = blocks_.find(block);
-    MRC_CHECK(entry != nullptr);
-    entry->erase(piece);
-    if (entry->count == 0) {
-      blocks_.erase(block);
-      delete entry;
+template <class T>
+void WatchSet::Ranges<T>::insert_at(size_t index, const T &item) noexcept {
+  MRC_DASSERT(count < capacity && index <= count);
+  std::copy_backward(items + index, items + count, items + count + 1);
+  items[index] = item;
+  ++count;
+}
+
+template <class T>
+void WatchSet::Ranges<T>::erase_at(size_t index) noexcept {
+  std::copy(items + index + 1, items + count, items + index);
+  --count;
+}
+
+template <class T>
+void WatchSet::Ranges<T>::release() noexcept {
+  delete[] items;
+  items = nullptr;
+  count = 0;
+  capacity = 0;
+}
+
+// ---- WatchSet: entries and pieces ----
+
+const WatchSet::Entry *WatchSet::containing(uintptr_t address) const noexcept {
+  const size_t at = entries_.first_ending_above(address);
+  return at < entries_.count && entries_.items[at].start <= address ? &entries_.items[at] : nullptr;
+}
+
+// Adds (or removes) the entry's bytes and idleness to (from) the totals. On add, the pieces over
+// it are counted afresh (its shape is new).
+void WatchSet::account(Entry *entry, bool add) noexcept {
+  const uint64_t bytes = entry->end - entry->start;
+  if (add) {
+    entry->pieces = pieces_.overlapping(entry->start, entry->end);
+    entry->idle_since = entry->pieces == 0 ? ++idle_clock_ : 0;
+    watched_bytes_ += bytes;
+    idle_ += entry->pieces == 0 ? 1u : 0u;
+  } else {
+    watched_bytes_ -= bytes;
+    idle_ -= entry->pieces == 0 ? 1u : 0u;
+  }
+}
+
+// A piece [start, end) appeared or went: so did one piece of each entry it overlaps.
+void WatchSet::pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept {
+  for (size_t at = entries_.first_ending_above(start);
+       at < entries_.count && entries_.items[at].start < end; ++at) {
+    Entry &entry = entries_.items[at];
+    if (added) {
+      if (entry.pieces++ == 0) {
+        --idle_;
+        entry.idle_since = 0;
+      }
+    } else {
+      MRC_DASSERT(entry.pieces > 0);
+      if (--entry.pieces == 0) {
+        ++idle_;
+        entry.idle_since = ++idle_clock_;
+      }
     }
   }
 }
 
-// ---- VMA accounting ----
-
-int64_t WatchSet::splits_at(uintptr_t address) const noexcept {
-  const Piece *left = piece_ending_at(address);
-  const Piece *right = piece_starting_at(address);
-  if ((left != nullptr && left->vma_end_edge) || (right != nullptr && right->vma_start_edge)) {
-    return 0;
+// [start, end) is registered: one entry with every entry it overlaps or touches.
+bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
+  const size_t first = entries_.first_ending_above(start - 1);  // ends at `start` or later
+  size_t last = first;
+  uintptr_t merged_start = start;
+  uintptr_t merged_end = end;
+  for (; last < entries_.count && entries_.items[last].start <= end; ++last) {
+    merged_start = std::min(merged_start, entries_.items[last].start);
+    merged_end = std::max(merged_end, entries_.items[last].end);
   }
-  const bool left_registered = left != nullptr && left->armed;
-  const bool right_registered = right != nullptr && right->armed;
-  return left_registered != right_registered ? 1 : 0;
+  if (last == first) {
+    if (!entries_.reserve(1)) return false;
+    entries_.insert_at(first, Entry{merged_start, merged_end, 0, 0});
+  } else {
+    for (size_t i = first; i < last; ++i) account(&entries_.items[i], false);
+    for (size_t i = first + 1; i < last; ++i) entries_.erase_at(first + 1);
+    entries_.items[first] = Entry{merged_start, merged_end, 0, 0};
+  }
+  account(&entries_.items[first], true);
+  return true;
 }
 
-int64_t WatchSet::splits_around(const Piece *piece) const noexcept {
-  return splits_at(piece->start) + splits_at(piece->end);
+void WatchSet::forget(uintptr_t start, uintptr_t end) noexcept {
+  if (start >= end) return;
+  for (size_t at = entries_.first_ending_above(start);
+       at < entries_.count && entries_.items[at].start < end;) {
+    const Entry old = entries_.items[at];
+    account(&entries_.items[at], false);
+    const bool left = old.start < start;
+    const bool right = old.end > end;
+    if (left && right && entries_.reserve(1)) {  // out of memory: forget the right part too
+      entries_.items[at].end = start;
+      entries_.insert_at(at + 1, Entry{end, old.end, 0, 0});
+      account(&entries_.items[at], true);
+      account(&entries_.items[at + 1], true);
+      at += 2;
+    } else if (left) {
+      entries_.items[at].end = start;
+      account(&entries_.items[at], true);
+      ++at;
+    } else if (right) {
+      entries_.items[at].start = end;
+      account(&entries_.items[at], true);
+      ++at;
+    } else {
+      entries_.erase_at(at);
+    }
+  }
 }
 
-void WatchSet::set_armed(Piece *piece, bool armed) noexcept {
-  if (piece->armed == armed) return;
-  const int64_t before = splits_around(piece);
-  piece->armed = armed;
-  if (armed) piece->ever_armed = true;
-  vmas_added_ += splits_around(piece) - before;
-  MRC_DASSERT(vmas_added_ >= 0);
-  const uint64_t bytes = piece->end - piece->start;
-  watched_bytes_ = armed ? watched_bytes_ + bytes : watched_bytes_ - bytes;
+void WatchSet::forget_all() noexcept {
+  entries_.count = 0;
+  watched_bytes_ = 0;
+  idle_ = 0;
+  room_wanted_ = false;
+}
+
+// Counts one watch of [start, end), which lies inside one entry: in every piece under it, and in
+// new pieces where there is none.
+bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
+  size_t first = pieces_.first_ending_above(start);
+  if (first < pieces_.count && pieces_.items[first].start <= start &&
+      pieces_.items[first].end >= end) {
+    ++pieces_.items[first].watches;  // the common case: one piece covers it
+    return true;
+  }
+  const Entry *entry = containing(start);
+  MRC_CHECK(entry != nullptr && entry->end >= end);
+  const uintptr_t entry_start = entry->start;
+  const uintptr_t entry_end = entry->end;
+  // Gaps under [start, end): one before each piece that starts inside, and one after the last.
+  size_t gaps = 0;
+  uintptr_t at = start;
+  for (size_t i = first; i < pieces_.count && pieces_.items[i].start < end; ++i) {
+    gaps += pieces_.items[i].start > at ? 1 : 0;
+    at = pieces_.items[i].end;
+  }
+  gaps += at < end ? 1 : 0;
+  if (!pieces_.reserve(gaps)) return false;
+  // Fill each gap with a piece as wide as the free space around it inside the entry.
+  at = start;
+  for (size_t i = first;; ++i) {
+    const bool piece_here = i < pieces_.count && pieces_.items[i].start < end;
+    const uintptr_t gap_end = piece_here ? pieces_.items[i].start : end;
+    if (gap_end > at) {
+      const uintptr_t lo = i > 0 ? std::max(entry_start, pieces_.items[i - 1].end) : entry_start;
+      const uintptr_t hi =
+          i < pieces_.count ? std::min(entry_end, pieces_.items[i].start) : entry_end;
+      pieces_.insert_at(i, Piece{lo, hi, 0});
+      pieces_changed(lo, hi, true);
+      ++i;
+    }
+    if (!piece_here) break;
+    at = pieces_.items[i].end;
+  }
+  for (size_t i = pieces_.first_ending_above(start);
+       i < pieces_.count && pieces_.items[i].start < end; ++i) {
+    ++pieces_.items[i].watches;
+  }
+  return true;
 }
 
 // ---- registration ----
@@ -337,9 +294,11 @@ bool WatchSet::acceptable(const Mapping &mapping, char *why, size_t why_len) con
   return true;
 }
 
-bool WatchSet::fill_gap(uintptr_t from, uintptr_t to, Piece **created, char *why, size_t why_len) {
-  uintptr_t at = from;
-  while (at < to) {
+// Registers the mapping at `at` (in MISSING mode only its part in [at, end)), records it, and
+// sets *next to the end of what it registered. REQUIRES: no entry contains `at`.
+bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
+                             size_t why_len) {
+  for (int attempt = 1;; ++attempt) {
     Mapping mapping;
     const mrc_status_t status = query_mapping(at, &mapping);
     if (status != MRC_OK) {
@@ -350,117 +309,58 @@ bool WatchSet::fill_gap(uintptr_t from, uintptr_t to, Piece **created, char *why
       return false;
     }
     if (!acceptable(mapping, why, why_len)) return false;
-    // MISSING mode registers exactly what was asked for: a widened piece could take in memory
-    // merged into the same VMA that the monitor thread itself touches for the first time (a
-    // runtime's per-thread data), and that fault would wait for the monitor.
-    const uintptr_t alignment = config_.mode == MRC_MONITOR_MISSING
-                                    ? static_cast<uintptr_t>(mapping.page_size)
-                                    : std::max<uintptr_t>(kWatchBlock, mapping.page_size);
-    uintptr_t lo = std::max(mapping.start, align_down(at, alignment));
-    uintptr_t hi = std::min(mapping.end, align_up(to, alignment));
-    // [at, to) is free; widen into the free space around it only.
-    if (lo < at) {
-      if (const Piece *left = last_overlapping(lo, at)) lo = left->end;
-    }
-    if (const Piece *right = first_overlapping(at, hi)) hi = std::min(hi, right->start);
-    MRC_CHECK(lo <= at && hi > at);
+    const bool exact = config_.mode == MRC_MONITOR_MISSING;
+    const uintptr_t lo = exact ? at : mapping.start;
+    const uintptr_t hi = exact ? std::min(end, mapping.end) : mapping.end;
 
-    Piece *piece = new (std::nothrow) Piece;
-    if (piece == nullptr) {
-      set_text(why, why_len, "out of memory");
+    // The entries this one will absorb (overlapping or touching) do not add to the count.
+    const size_t absorbed =
+        entries_.first_starting_from(hi + 1) - entries_.first_ending_above(lo - 1);
+    const uint64_t entries_after = entries_.count + 1 - absorbed;
+    if (2 * entries_after > config_.vma_budget) {
+      room_wanted_ = idle_ > 0;
+      if (why != nullptr && why_len > 0) {
+        snprintf(why, why_len,
+                 "watching would exceed the VMA budget (%zu registered mappings, up to 2 VMAs "
+                 "each; budget %" PRIu64 ", from vm.max_map_count)",
+                 entries_.count, config_.vma_budget);
+      }
       return false;
     }
-    piece->start = lo;
-    piece->end = hi;
-    // An edge where one of our pieces ends may be a split we caused: count it as a split.
-    piece->vma_start_edge = lo == mapping.start && piece_ending_at(lo) == nullptr;
-    piece->vma_end_edge = hi == mapping.end && piece_starting_at(hi) == nullptr;
-    const int64_t before = splits_at(lo) + splits_at(hi);
-    if (!link(piece)) {
-      delete piece;
-      set_text(why, why_len, "out of memory");
-      return false;
-    }
-    vmas_added_ += splits_at(lo) + splits_at(hi) - before;
-    piece->created_next = *created;
-    *created = piece;
-    at = hi;
-  }
-  return true;
-}
 
-// Registers every mapping in [start, end) (each must be acceptable). Holes are refused: the
-// caller asked for memory that is not there.
-bool WatchSet::register_vmas(uintptr_t start, uintptr_t end, char *why, size_t why_len) {
-  uintptr_t at = start;
-  while (at < end) {
-    Mapping mapping;
-    if (query_mapping(at, &mapping) != MRC_OK) {
-      if (why != nullptr && why_len > 0) snprintf(why, why_len, "%#" PRIxPTR " is not mapped", at);
-      return false;
-    }
-    if (!acceptable(mapping, why, why_len)) return false;
     uffdio_register request{};
-    request.range.start = std::max(at, mapping.start);
-    request.range.len = std::min(end, mapping.end) - request.range.start;
+    request.range.start = lo;
+    request.range.len = hi - lo;
     request.mode = config_.register_mode;
     g_registrations.fetch_add(1, std::memory_order_relaxed);
     if (ioctl(config_.uffd, UFFDIO_REGISTER, &request) != 0) {
-      explain_errno(why, why_len, "UFFDIO_REGISTER", errno, request.range.start,
-                    request.range.start + request.range.len, config_.mode);
+      const int error = errno;
+      Mapping now;
+      const bool changed =
+          query_mapping(at, &now) != MRC_OK || now.start != mapping.start || now.end != mapping.end;
+      if (changed && attempt < kRegisterAttempts) continue;
+      explain_errno(why, why_len, "UFFDIO_REGISTER", error, lo, hi, config_.mode);
       return false;
     }
-    at = std::min(end, mapping.end);
-  }
-  return true;
-}
-
-bool WatchSet::arm(Piece *piece, uintptr_t start, uintptr_t end, char *why, size_t why_len) {
-  const int64_t before = splits_around(piece);
-  piece->armed = true;
-  const int64_t after = splits_around(piece);
-  piece->armed = false;
-  if (vmas_added_ + after - before > static_cast<int64_t>(config_.vma_budget)) {
-    if (why != nullptr && why_len > 0) {
-      snprintf(why, why_len,
-               "watching would exceed the VMA budget (%" PRId64 " VMAs added, budget %" PRIu64
-               ", from vm.max_map_count)",
-               vmas_added_, config_.vma_budget);
-    }
-    return false;
-  }
-
-  // A fresh piece lies in one acceptable mapping. A piece whose registration was taken away may
-  // now hold other mappings, and holes: arm all of it only if acceptable mappings cover it
-  // without a hole. A hole registers nothing, so memory mapped into it later would be neither
-  // registered nor reported (no unmap happens), while the piece claimed to be armed.
-  bool whole = true;
-  if (piece->ever_armed) {
-    uintptr_t at = piece->start;
-    while (whole && at < piece->end) {
-      Mapping mapping;
-      whole = query_mapping(at, &mapping) == MRC_OK && acceptable(mapping, nullptr, 0);
-      if (whole) at = mapping.end;
-    }
-  }
-  if (whole) {
-    uffdio_register request{};
-    request.range.start = piece->start;
-    request.range.len = piece->end - piece->start;
-    request.mode = config_.register_mode;
-    g_registrations.fetch_add(1, std::memory_order_relaxed);
-    if (ioctl(config_.uffd, UFFDIO_REGISTER, &request) == 0) {
-      set_armed(piece, true);
+    // Only if one VMA still covers [lo, hi) was all of it registered (watch.h). A registration
+    // that fails this check stays in the kernel unrecorded: it costs spurious events only.
+    Mapping after;
+    if (query_mapping(lo, &after) == MRC_OK && after.start <= lo && after.end >= hi) {
+      if (!record(lo, hi)) {
+        set_text(why, why_len, "out of memory");
+        return false;
+      }
+      *next = hi;
       return true;
     }
-    const int error = errno;
-    if (!piece->ever_armed) {
-      explain_errno(why, why_len, "UFFDIO_REGISTER", error, piece->start, piece->end, config_.mode);
+    if (attempt == kRegisterAttempts) {
+      if (why != nullptr && why_len > 0) {
+        snprintf(why, why_len, "the mapping at %#" PRIxPTR " kept changing while it was watched",
+                 at);
+      }
       return false;
     }
   }
-  // Only the mappings under this watch; the piece stays disarmed (later watches register again).
-  return register_vmas(std::max(start, piece->start), std::min(end, piece->end), why, why_len);
 }
 
 void WatchSet::unregister(uintptr_t start, uintptr_t end) noexcept {
@@ -479,58 +379,57 @@ void WatchSet::unregister(uintptr_t start, uintptr_t end) noexcept {
   }
 }
 
-void WatchSet::drop(Piece *piece) noexcept {
-  // Even a disarmed piece may keep part of its registration (a partial unmap): unregister it.
-  // Never a range we did not register: the kernel would not check whose registration it drops.
-  if (piece->ever_armed) unregister(piece->start, piece->end);
-  set_armed(piece, false);
-  const int64_t before = splits_around(piece);
-  unlink(piece);
-  vmas_added_ += splits_at(piece->start) + splits_at(piece->end) - before;
-  delete piece;
+void WatchSet::unregister_entry(size_t index) noexcept {
+  uintptr_t lo = entries_.items[index].start;
+  uintptr_t hi = entries_.items[index].end;
+  account(&entries_.items[index], false);
+  entries_.erase_at(index);
+  if (config_.mode != MRC_MONITOR_MISSING) {
+    // Never leave a split behind: a VMA that grew in place (no event) carries our registration
+    // past the entry. Take the whole VMA when no other entry and no watch lies in the rest.
+    auto quiet = [this](uintptr_t from, uintptr_t to) {
+      return entries_.overlapping(from, to) == 0 && pieces_.overlapping(from, to) == 0;
+    };
+    Mapping mapping;
+    if (query_mapping(lo, &mapping) == MRC_OK && mapping.start < lo && quiet(mapping.start, lo)) {
+      lo = mapping.start;
+    }
+    if (query_mapping(hi - 1, &mapping) == MRC_OK && mapping.end > hi && quiet(hi, mapping.end)) {
+      hi = mapping.end;
+    }
+  }
+  unregister(lo, hi);
 }
 
-void WatchSet::rollback(Piece *created) noexcept {
-  while (created != nullptr) {
-    Piece *next = created->created_next;
-    drop(created);
-    created = next;
+bool WatchSet::evict_idle() noexcept {
+  bool evicted = false;
+  while (wants_eviction()) {
+    size_t victim = entries_.count;
+    uint64_t oldest = UINT64_MAX;
+    for (size_t i = 0; i < entries_.count; ++i) {
+      const Entry &entry = entries_.items[i];
+      if (entry.pieces == 0 && entry.idle_since < oldest) {
+        oldest = entry.idle_since;
+        victim = i;
+      }
+    }
+    MRC_CHECK(victim < entries_.count);  // idle_ counts the entries without a piece
+    unregister_entry(victim);
+    evicted = true;
   }
-}
-
-void WatchSet::add_refs(uintptr_t start, uintptr_t end) noexcept {
-  for (uintptr_t at = start; at < end;) {
-    Piece *piece = first_overlapping(at, end);
-    MRC_CHECK(piece != nullptr && piece->start <= at);
-    ++piece->refs;
-    piece->created_next = nullptr;
-    at = piece->end;
-  }
+  room_wanted_ = false;
+  return evicted;
 }
 
 // ---- WatchSet: public ----
 
 void WatchSet::destroy_all() noexcept {
-  // A piece is listed in every block it spans: collect it from its first block only, and free
-  // nothing until every entry has been visited.
-  Piece *doomed = nullptr;
-  blocks_.for_each([&doomed](uint64_t block, BlockEntry *entry) {
-    for (uint32_t i = 0; i < entry->count; ++i) {
-      Piece *piece = entry->items[i];
-      if (block_of(piece->start) != block) continue;
-      piece->created_next = doomed;
-      doomed = piece;
-    }
-  });
-  blocks_.for_each([](uint64_t, BlockEntry *entry) { delete entry; });
-  while (doomed != nullptr) {
-    Piece *next = doomed->created_next;
-    delete doomed;
-    doomed = next;
-  }
-  blocks_.reset();
+  entries_.release();
+  pieces_.release();
   watched_bytes_ = 0;
-  vmas_added_ = 0;
+  idle_ = 0;
+  idle_clock_ = 0;
+  room_wanted_ = false;
 }
 
 void WatchSet::reset(const WatchConfig &config) noexcept {
@@ -544,73 +443,40 @@ WatchResult WatchSet::watch(uintptr_t start, uintptr_t end, char *why, size_t wh
     set_text(why, why_len, "the monitor runs uncached: nothing can be watched");
     return WatchResult::NotMonitorable;
   }
-  // The common case: every piece is there and armed. No syscall.
-  bool ready = true;
-  for (uintptr_t at = start; at < end && ready;) {
-    const Piece *piece = first_overlapping(at, end);
-    ready = piece != nullptr && piece->start <= at && piece->armed;
-    if (ready) at = piece->end;
-  }
-  if (ready) {
-    add_refs(start, end);
-    return WatchResult::Watched;
-  }
-
-  Piece *created = nullptr;
-  for (uintptr_t at = start; at < end;) {
-    const Piece *piece = first_overlapping(at, end);
-    if (piece != nullptr && piece->start <= at) {
-      at = piece->end;
-      continue;
+  const Entry *entry = containing(start);
+  if (entry == nullptr || entry->end < end) {
+    room_wanted_ = false;
+    for (uintptr_t at = start; at < end;) {
+      entry = containing(at);
+      if (entry != nullptr) {
+        at = entry->end;
+        continue;
+      }
+      if (!register_from(at, end, &at, why, why_len)) return WatchResult::NotMonitorable;
     }
-    const uintptr_t gap_end = piece != nullptr ? piece->start : end;
-    if (!fill_gap(at, gap_end, &created, why, why_len)) {
-      rollback(created);
-      return WatchResult::NotMonitorable;
-    }
-    at = gap_end;
   }
-  for (uintptr_t at = start; at < end;) {
-    Piece *piece = first_overlapping(at, end);
-    MRC_CHECK(piece != nullptr && piece->start <= at);
-    if (!piece->armed && !arm(piece, start, end, why, why_len)) {
-      rollback(created);
-      return WatchResult::NotMonitorable;
-    }
-    at = piece->end;
+  if (!count_watch(start, end)) {
+    set_text(why, why_len, "out of memory");
+    return WatchResult::NotMonitorable;
   }
-  add_refs(start, end);
   return WatchResult::Watched;
 }
 
-void WatchSet::unwatch(uintptr_t start, uintptr_t end) {
-  for (uintptr_t at = start; at < end;) {
-    Piece *piece = first_overlapping(at, end);
-    if (piece == nullptr) return;  // forgotten (fork, stop): nothing to release
-    at = piece->end;
-    MRC_DASSERT(piece->refs > 0);
-    if (piece->refs > 0 && --piece->refs == 0) drop(piece);
-  }
-}
-
-void WatchSet::disarm(uintptr_t start, uintptr_t end) noexcept {
-  if (start >= end) return;
-  for (uintptr_t at = start; at < end;) {
-    Piece *piece = first_overlapping(at, end);
-    if (piece == nullptr) return;
-    set_armed(piece, false);
-    at = piece->end;
-  }
-}
-
-void WatchSet::disarm_all() noexcept {
-  // set_armed() changes pieces and counters, never the block map being walked.
-  blocks_.for_each([this](uint64_t block, BlockEntry *entry) {
-    for (uint32_t i = 0; i < entry->count; ++i) {
-      Piece *piece = entry->items[i];
-      if (block_of(piece->start) == block) set_armed(piece, false);
+void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
+  // No piece here: the watch was forgotten (fork, a stopped monitor); nothing to release.
+  for (size_t at = pieces_.first_ending_above(start);
+       at < pieces_.count && pieces_.items[at].start < end;) {
+    Piece &piece = pieces_.items[at];
+    MRC_DASSERT(piece.watches > 0);
+    if (--piece.watches != 0) {
+      ++at;
+      continue;
     }
-  });
+    const uintptr_t lo = piece.start;
+    const uintptr_t hi = piece.end;
+    pieces_.erase_at(at);
+    pieces_changed(lo, hi, false);
+  }
 }
 
 }  // namespace mrc::uffd::detail

@@ -1,25 +1,57 @@
-// Watched ranges: which parts of the address space are registered with the userfaultfd.
+// Watched ranges: what is registered with the userfaultfd, and how many watches each part of the
+// address space carries.
 //
-// A watch(start, end) is widened to pieces: whole kWatchBlock blocks (or huge pages), clipped to
-// the mapping that holds them and to the pieces that already exist. In MISSING mode pieces are
-// exactly the pages asked for (see fill_gap: faults there are resolved by the monitor thread,
-// which must never fault on anything it did not choose). Pieces never overlap; each
-// counts the live watches that overlap it and is unregistered when the last one goes, so
-// neighbours never unwatch each other. A piece is `armed` while its registration is known to be
-// intact: the kernel drops the registration of whatever is unmapped or moved, and the monitor's
-// own records (read through a private cursor before every watch/unwatch) disarm the pieces they
-// touch, so that the next watch there registers again. A watch over armed pieces costs no
-// syscall.
+// Registration follows the kernel's VMAs. In the write-protect modes a watch registers every
+// whole VMA (mapping) it touches, never a part of one: registering part of a VMA splits it, and
+// the application's mremap of a range that spans several VMAs then fails (a grow always; a move
+// too on Linux 6.17+, which moves VMA by VMA and refuses a userfaultfd-registered one after the
+// first; on 6.12 such moves broke off part-way). MISSING mode registers exactly the pages asked
+// for, because the monitor thread resolves the faults there and must never fault on memory it did
+// not choose (a runtime's per-thread data merged into the same VMA): its splits are the price.
 //
-// VMA accounting: registering a piece inside a larger VMA splits it. vmas_added() estimates the
-// VMAs this adds: for every piece edge that is not an edge of the original mapping, one split
-// when exactly one side of the edge is registered (adjacent registered pieces merge back into
-// one VMA). Past the budget, watch() answers NotMonitorable instead of letting the application's
-// next mmap fail with ENOMEM at vm.max_map_count.
+// Two records:
+//  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
+//    ones are coalesced, as the kernel merges adjacent registered VMAs). Every byte of an entry is
+//    registered with our userfaultfd, up to the window below. The kernel drops the registration
+//    of whatever is unmapped or moved away (the moved VMA keeps it at its new address) and says
+//    so with an UNMAP or REMAP record of the old range; forget() cuts those bytes out. A watch
+//    that lies inside one entry costs no syscall.
+//  - Pieces: the units watches are counted in. A watch that finds no piece under part of its
+//    range creates one there, as large as the free space around it inside the watch's entry, so
+//    a mapping's first watch makes one piece for the whole mapping and the next ones count in
+//    it. A piece never changes shape while it counts a watch: every piece an unwatch finds under
+//    its range is one its watch counted in, so neighbours never unwatch each other. Entries do
+//    change shape under the pieces (unmaps, new mappings in the holes); a piece then keeps every
+//    entry it overlaps in use until its last watch leaves. An entry no piece overlaps is idle.
+//
+// Idle entries stay registered, so that a watch after the last one left is a count increment,
+// up to a limit (oldest evicted first): an idle registered mapping costs the application one
+// monitor round trip per munmap/madvise in it, and keeps the kernel from merging it with its
+// neighbours.
+//
+// After UFFDIO_REGISTER the mapping is looked up again: an entry is recorded only if one VMA
+// still covers what was registered. Registering a range registers the VMAs present and skips
+// holes; had the application unmapped part of an unregistered VMA in between (no event) and
+// mapped memory there again, an entry over it would answer watches of memory that nothing
+// registered, and that memory's unmap would never be seen.
+//
+// VMA accounting: a registered entry adds at most two VMAs (MISSING mode: the splits at its
+// edges; otherwise neighbours it keeps from merging with it). vmas_added() = 2 x entries is that
+// upper bound, kept under the budget from vm.max_map_count: past it idle entries go first, then
+// watch() answers NotMonitorable rather than let the application's next mmap fail with ENOMEM.
+//
+// The window: the kernel removes a VMA before it queues the UNMAP/REMAP event. Until the monitor
+// has read it, an entry can cover memory another thread has already mapped afresh at the same
+// address; a watch there is answered from the stale entry and registers nothing. The cache's
+// fast path has the same window by design (DESIGN.md's invariant covers gets that start after
+// the unmap returned): the record, once drained, invalidates what was cached there and cuts the
+// entry, so the next watch there registers.
 //
 // SYNCHRONIZATION
 //   Not thread-safe: every member runs under the monitor's registry mutex. The monitor thread
 //   never touches it. Allocation (nothrow) is allowed here: this is never the monitor thread.
+//   No destructors: the table lives in a process-wide object that must stay usable while other
+//   threads run at exit; reset() frees the memory.
 #pragma once
 
 #include <atomic>
@@ -31,43 +63,15 @@
 
 namespace mrc::uffd::detail {
 
-struct Piece;
-struct BlockEntry;
-
-// Open addressing (linear probing, backward-shift deletion): block index -> BlockEntry.
-class BlockMap {
- public:
-  BlockEntry *find(uint64_t block) const noexcept;
-  [[nodiscard]] bool insert(uint64_t block, BlockEntry *entry) noexcept;  // block absent
-  void erase(uint64_t block) noexcept;
-  // Calls f(block, BlockEntry *) for every entry; f must not modify the map.
-  template <class F>
-  void for_each(F &&f) const {
-    for (size_t i = 0; buckets_ != nullptr && i <= mask_; ++i) {
-      if (buckets_[i].entry != nullptr) f(buckets_[i].block, buckets_[i].entry);
-    }
-  }
-  void reset() noexcept;  // frees the bucket array (not the entries)
-
- private:
-  struct Bucket {
-    uint64_t block;
-    BlockEntry *entry;  // nullptr: empty
-  };
-  size_t home(uint64_t block) const noexcept;
-  [[nodiscard]] bool grow() noexcept;
-
-  Bucket *buckets_ = nullptr;
-  size_t mask_ = 0;
-  unsigned bits_ = 0;
-  size_t size_ = 0;
-};
+// Idle entries kept registered by default (testing::set_idle_vmas changes it).
+inline constexpr uint64_t kDefaultIdleLimit = 32;
 
 struct WatchConfig {
   int uffd = -1;
   uint64_t register_mode = 0;  // UFFDIO_REGISTER_MODE_*
   mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
   uint64_t vma_budget = 0;
+  uint64_t idle_limit = 0;  // idle entries kept registered
   // The monitor's own memory (thread stack, queue): never watched, because in MISSING mode a
   // fault there would wait for the monitor itself.
   uintptr_t own[2][2] = {{0, 0}, {0, 0}};
@@ -82,44 +86,80 @@ class WatchSet {
   // Forgets everything and adopts a new userfaultfd (after start, or after fork).
   void reset(const WatchConfig &config) noexcept;
 
-  // REQUIRES: start < end, both page-aligned.
+  // REQUIRES: start < end, both page-aligned. NotMonitorable leaves no watch counted; mappings it
+  // registered before it failed stay as idle entries.
   [[nodiscard]] WatchResult watch(uintptr_t start, uintptr_t end, char *why, size_t why_len);
-  void unwatch(uintptr_t start, uintptr_t end);
-  // The kernel dropped the registration of [start, end) (UNMAP or REMAP record).
-  void disarm(uintptr_t start, uintptr_t end) noexcept;
-  // Records were lost: assume every registration may be gone.
-  void disarm_all() noexcept;
+  void unwatch(uintptr_t start, uintptr_t end) noexcept;
+  // The kernel dropped the registration of [start, end) (an UNMAP or REMAP record).
+  void forget(uintptr_t start, uintptr_t end) noexcept;
+  // Records were lost: any registration may be gone.
+  void forget_all() noexcept;
+
+  // Idle entries past the limit, or a watch that wanted room under the VMA budget: the caller
+  // waits for unmaps in flight, drains, then calls evict_idle() (it unregisters; an entry still
+  // standing for memory already unmapped could cover someone else's mapping by now).
+  bool wants_eviction() const noexcept {
+    return idle_ > config_.idle_limit || (room_wanted_ && idle_ > 0);
+  }
+  // Unregisters idle entries, oldest first, until wants_eviction() is false. True if it
+  // unregistered any.
+  bool evict_idle() noexcept;
 
   uint64_t watched_bytes() const noexcept { return watched_bytes_; }
-  uint64_t vmas_added() const noexcept { return static_cast<uint64_t>(vmas_added_); }
+  uint64_t vmas_added() const noexcept { return 2 * static_cast<uint64_t>(entries_.count); }
   uint64_t vma_budget() const noexcept { return config_.vma_budget; }
 
  private:
-  // Pieces in address order.
-  Piece *first_overlapping(uintptr_t from, uintptr_t to) const noexcept;
-  Piece *last_overlapping(uintptr_t from, uintptr_t to) const noexcept;
-  Piece *piece_ending_at(uintptr_t address) const noexcept;
-  Piece *piece_starting_at(uintptr_t address) const noexcept;
-  [[nodiscard]] bool link(Piece *piece) noexcept;
-  void unlink(Piece *piece) noexcept;
+  struct Entry {
+    uintptr_t start;
+    uintptr_t end;
+    uint64_t pieces;      // pieces overlapping it
+    uint64_t idle_since;  // when `pieces` last fell to 0 (eviction order); 0 while in use
+  };
+  struct Piece {
+    uintptr_t start;
+    uintptr_t end;
+    uint64_t watches;
+  };
+  // A sorted array of disjoint ranges (entries or pieces).
+  template <class T>
+  struct Ranges {
+    T *items = nullptr;
+    size_t count = 0;
+    size_t capacity = 0;
+    // Index of the first item whose end lies above `address` (count if none).
+    size_t first_ending_above(uintptr_t address) const noexcept;
+    // Index of the first item that starts at or above `address` (count if none).
+    size_t first_starting_from(uintptr_t address) const noexcept;
+    // How many items overlap [start, end).
+    size_t overlapping(uintptr_t start, uintptr_t end) const noexcept {
+      return first_starting_from(end) - first_ending_above(start);
+    }
+    [[nodiscard]] bool reserve(size_t more) noexcept;
+    // REQUIRES: reserve() made room.
+    void insert_at(size_t index, const T &item) noexcept;
+    void erase_at(size_t index) noexcept;
+    void release() noexcept;
+  };
 
-  int64_t splits_at(uintptr_t address) const noexcept;
-  int64_t splits_around(const Piece *piece) const noexcept;
-  void set_armed(Piece *piece, bool armed) noexcept;
+  const Entry *containing(uintptr_t address) const noexcept;
   bool acceptable(const Mapping &mapping, char *why, size_t why_len) const noexcept;
-  bool fill_gap(uintptr_t from, uintptr_t to, Piece **created, char *why, size_t why_len);
-  bool arm(Piece *piece, uintptr_t start, uintptr_t end, char *why, size_t why_len);
-  bool register_vmas(uintptr_t start, uintptr_t end, char *why, size_t why_len);
-  void drop(Piece *piece) noexcept;
+  bool register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why, size_t why_len);
+  [[nodiscard]] bool record(uintptr_t start, uintptr_t end) noexcept;
+  void account(Entry *entry, bool add) noexcept;
+  [[nodiscard]] bool count_watch(uintptr_t start, uintptr_t end) noexcept;
+  void pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept;
+  void unregister_entry(size_t index) noexcept;
   void unregister(uintptr_t start, uintptr_t end) noexcept;
-  void rollback(Piece *created) noexcept;
-  void add_refs(uintptr_t start, uintptr_t end) noexcept;
   void destroy_all() noexcept;
 
   WatchConfig config_;
-  BlockMap blocks_;
+  Ranges<Entry> entries_;
+  Ranges<Piece> pieces_;
   uint64_t watched_bytes_ = 0;
-  int64_t vmas_added_ = 0;
+  uint64_t idle_ = 0;        // entries with no piece
+  uint64_t idle_clock_ = 0;  // ticks whenever an entry falls idle
+  bool room_wanted_ = false;
 };
 
 // UFFDIO_REGISTER calls since the process started (testing::registrations()).

@@ -18,6 +18,10 @@ namespace mrc::uffd::test {
 
 inline size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
+// A 2 MiB unit (a huge page, a page-table leaf's reach) for test mappings that must be large or
+// aligned.
+inline constexpr size_t kWatchBlock = size_t{2} << 20;
+
 inline const char *kind_name(InvalidationKind kind) {
   switch (kind) {
     case InvalidationKind::Unmap: return "unmap";

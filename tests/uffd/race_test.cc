@@ -137,7 +137,11 @@ TEST_F(Race, MunmapFromAnotherThread) {
 
 // Several threads, each a cache of its own (its own consumer), watch, unmap and drain at once;
 // every one sees its own records (the queue is a broadcast), while another thread keeps
-// subscribing and leaving.
+// subscribing and leaving. Each thread keeps an address range of its own, and "unmaps" by
+// mapping PROT_NONE over its buffer (MAP_FIXED: an UNMAP event, and never a hole another thread
+// could map into): at an address another thread has just unmapped, a watch may be answered from
+// that thread's registration until the monitor has read its unmap (the window watch() accepts,
+// uffd.h), and this test checks that every thread sees its own unmap.
 TEST_F(Race, ManyCachesAtOnce) {
   constexpr int kThreads = 4;
   const int rounds = 1500 / kScale;
@@ -159,16 +163,22 @@ TEST_F(Race, ManyCachesAtOnce) {
         return;
       }
       const size_t length = (4 + static_cast<size_t>(t)) * page_size();
+      char *reserved = map_anonymous(length + 2 * page_size(), PROT_NONE);
+      char *const p = reserved + page_size();
+      auto map_over = [p, length](int prot) {
+        return mmap(p, length, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == p;
+      };
       for (int round = 0; round < rounds; ++round) {
-        char *p = static_cast<char *>(
-            mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (!map_over(PROT_READ | PROT_WRITE)) {
+          if (failures.fetch_add(1) < 3) ADD_FAILURE() << "mmap: " << strerror(errno);
+          break;
+        }
         char why[256];
         if (mine->watch(u(p), length, why, sizeof(why)) != WatchResult::Watched) {
           if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch: " << why;
-          munmap(p, length);
           continue;
         }
-        munmap(p, length);
+        (void)map_over(PROT_NONE);  // unmaps the watched buffer
         bool seen = false;
         const DrainResult result = mine->drain([&](const Invalidation &r) {
           seen = seen || (r.start <= u(p) && r.end >= u(p) + length);
@@ -179,6 +189,7 @@ TEST_F(Race, ManyCachesAtOnce) {
         }
         mine->unwatch(u(p), length);
       }
+      munmap(reserved, length + 2 * page_size());
       Monitor::unsubscribe(mine);
     });
   }

@@ -1,0 +1,220 @@
+// Watching memory (Consumer::watch/unwatch) and what a watched mapping costs the application:
+//
+//   BM_WatchArmed                 watch() of a page in a mapping that is already registered.
+//   BM_UnwatchArmed               unwatch() of such a page (the mapping keeps other watches).
+//   BM_WatchUnwatchArmed          the pair.
+//   BM_WatchUnwatchLast           the pair on a mapping that nothing else watches: the unwatch
+//                                 drops the last watch of the mapping, the next watch takes the
+//                                 first again (a syscall each unless idle mappings stay
+//                                 registered for a while).
+//   BM_WatchSpurious/<op>/<on>    the application's own munmap (op 0) or madvise(DONTNEED)
+//                                 (op 1) of single pages of a 64 MiB mapping in which one page,
+//                                 far from those, is watched (on 1) or nothing is (on 0).
+//                                 Counter events_per_op: monitor events each one produced (every
+//                                 event is a round trip through the monitor thread for the
+//                                 calling thread).
+//
+// Goal (issue 4): a cache miss in a watched range costs at most half of UCX's (~200 ns here),
+// so watch() and unwatch() of armed memory must make no syscall (~250 ns each here); target
+// < 40 ns each, uncontended. Run in a process of its own (--benchmark_filter=BM_Watch): UCX's
+// rcache, created by bench_cache, patches libc's munmap for the rest of its process.
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "uffd/uffd.h"
+
+namespace {
+
+using mrc::uffd::Consumer;
+using mrc::uffd::Invalidation;
+using mrc::uffd::Monitor;
+using mrc::uffd::WatchResult;
+
+constexpr size_t kPage = 4096;
+constexpr size_t kMapping = size_t{64} << 20;
+
+struct Subscribed {
+  Consumer *consumer = nullptr;
+  Subscribed() {
+    if (Monitor::subscribe(&consumer) != MRC_OK) std::abort();
+  }
+  ~Subscribed() { Monitor::unsubscribe(consumer); }
+  Subscribed(const Subscribed &) = delete;
+  Subscribed &operator=(const Subscribed &) = delete;
+  bool cached() const { return consumer->mode() != MRC_MONITOR_UNCACHED; }
+};
+
+// A 64 MiB mapping, never touched, with one page at its start watched so that it stays armed.
+struct ArmedMapping {
+  Consumer *consumer;
+  char *base = nullptr;
+  bool ok = false;
+  explicit ArmedMapping(Consumer *c) : consumer(c) {
+    void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return;
+    base = static_cast<char *>(p);
+    ok = consumer->watch(reinterpret_cast<uintptr_t>(base), kPage) == WatchResult::Watched;
+  }
+  ~ArmedMapping() {
+    if (ok) consumer->unwatch(reinterpret_cast<uintptr_t>(base), kPage);
+    if (base != nullptr) munmap(base, kMapping);
+  }
+  ArmedMapping(const ArmedMapping &) = delete;
+  ArmedMapping &operator=(const ArmedMapping &) = delete;
+  // Pages 1..255 of the first MiB, in turn (a cache's regions: near each other).
+  uintptr_t page(uint64_t i) const {
+    return reinterpret_cast<uintptr_t>(base) + (1 + i % 255) * kPage;
+  }
+};
+
+bool usable(benchmark::State &state, const Subscribed &sub, const ArmedMapping &mapping) {
+  if (!sub.cached()) {
+    state.SkipWithError("no userfaultfd here (uncached mode)");
+    return false;
+  }
+  if (!mapping.ok) {
+    state.SkipWithError("could not map and watch the mapping");
+    return false;
+  }
+  return true;
+}
+
+void check_no_registration(benchmark::State &state, uint64_t before) {
+  if (mrc::uffd::testing::registrations() != before) {
+    state.SkipWithError("armed memory was registered again (a syscall on the fast path)");
+  }
+}
+
+void BM_WatchArmed(benchmark::State &state) {
+  Subscribed sub;
+  ArmedMapping mapping(sub.consumer);
+  if (!usable(state, sub, mapping)) return;
+  const uint64_t registrations = mrc::uffd::testing::registrations();
+  uint64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sub.consumer->watch(mapping.page(i++), kPage));
+  }
+  check_no_registration(state, registrations);
+  for (uint64_t k = 0; k < i; ++k) sub.consumer->unwatch(mapping.page(k), kPage);
+}
+BENCHMARK(BM_WatchArmed);
+
+void BM_UnwatchArmed(benchmark::State &state) {
+  constexpr uint64_t kCount = uint64_t{1} << 20;
+  Subscribed sub;
+  ArmedMapping mapping(sub.consumer);
+  if (!usable(state, sub, mapping)) return;
+  for (uint64_t k = 0; k < kCount; ++k) {
+    if (sub.consumer->watch(mapping.page(k), kPage) != WatchResult::Watched) {
+      state.SkipWithError("watch failed");
+      return;
+    }
+  }
+  const uint64_t registrations = mrc::uffd::testing::registrations();
+  uint64_t i = 0;
+  for (auto _ : state) sub.consumer->unwatch(mapping.page(i++), kPage);
+  check_no_registration(state, registrations);
+  for (; i < kCount; ++i) sub.consumer->unwatch(mapping.page(i), kPage);
+}
+BENCHMARK(BM_UnwatchArmed)->Iterations(uint64_t{1} << 20);
+
+void BM_WatchUnwatchArmed(benchmark::State &state) {
+  Subscribed sub;
+  ArmedMapping mapping(sub.consumer);
+  if (!usable(state, sub, mapping)) return;
+  const uint64_t registrations = mrc::uffd::testing::registrations();
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const uintptr_t at = mapping.page(i++);
+    benchmark::DoNotOptimize(sub.consumer->watch(at, kPage));
+    sub.consumer->unwatch(at, kPage);
+  }
+  check_no_registration(state, registrations);
+}
+BENCHMARK(BM_WatchUnwatchArmed);
+
+void BM_WatchUnwatchLast(benchmark::State &state) {
+  Subscribed sub;
+  if (!sub.cached()) {
+    state.SkipWithError("no userfaultfd here (uncached mode)");
+    return;
+  }
+  void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    state.SkipWithError("mmap failed");
+    return;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  const uint64_t registrations = mrc::uffd::testing::registrations();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sub.consumer->watch(base + kPage, kPage));
+    sub.consumer->unwatch(base + kPage, kPage);
+  }
+  state.counters["registrations_per_op"] =
+      benchmark::Counter(static_cast<double>(mrc::uffd::testing::registrations() - registrations),
+                         benchmark::Counter::kAvgIterations);
+  munmap(p, kMapping);
+}
+BENCHMARK(BM_WatchUnwatchLast);
+
+void BM_WatchSpurious(benchmark::State &state) {
+  const bool madvise_op = state.range(0) == 1;
+  const bool watched = state.range(1) == 1;
+  Subscribed sub;
+  if (!sub.cached()) {
+    state.SkipWithError("no userfaultfd here (uncached mode)");
+    return;
+  }
+  void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    state.SkipWithError("mmap failed");
+    return;
+  }
+  char *base = static_cast<char *>(p);
+  // The watched page is the last one; the application works on the first half, 32 MiB away.
+  char *watched_page = base + kMapping - kPage;
+  if (watched && sub.consumer->watch(reinterpret_cast<uintptr_t>(watched_page), kPage) !=
+                     WatchResult::Watched) {
+    state.SkipWithError("watch failed");
+    munmap(p, kMapping);
+    return;
+  }
+  const uint64_t events_before = [] {
+    mrc_monitor_info_t info;
+    Monitor::info(&info);
+    return info.events;
+  }();
+  uint64_t i = 0;
+  for (auto _ : state) {
+    // Every other page of the first half: each munmap makes a hole of its own.
+    char *at = base + (2 * i++ * kPage) % (kMapping / 2);
+    if (madvise_op) {
+      madvise(at, kPage, MADV_DONTNEED);
+    } else {
+      munmap(at, kPage);
+    }
+  }
+  mrc_monitor_info_t info;
+  Monitor::info(&info);
+  state.counters["events_per_op"] = benchmark::Counter(
+      static_cast<double>(info.events - events_before), benchmark::Counter::kAvgIterations);
+  (void)sub.consumer->drain([](const Invalidation &) {});
+  if (watched) sub.consumer->unwatch(reinterpret_cast<uintptr_t>(watched_page), kPage);
+  munmap(p, kMapping);
+}
+BENCHMARK(BM_WatchSpurious)
+    ->ArgNames({"madvise", "watched"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Iterations(4096);
+
+}  // namespace
