@@ -100,6 +100,9 @@ struct CacheRegistry {
       for (Region *region = cache->live_head_; region != nullptr; region = region->live_next) {
         region->change_flags(Region::kForgotten);
       }
+      for (size_t i = 0; i < cache->retiring_count_; ++i) {
+        cache->retiring_[i]->change_flags(Region::kForgotten);  // their watches were the parent's
+      }
     }
     after();
   }
@@ -714,9 +717,6 @@ void Cache::finish(Region *region) noexcept {
   const bool forgotten = (flags & Region::kForgotten) != 0;
   if ((flags & Region::kUnreleased) != 0) hot_.add(Counter::ReleasedBytes, region->length());
   if ((flags & Region::kRegistered) != 0) end_registration(region, !forgotten);
-  if ((flags & Region::kWatched) != 0 && !forgotten) {
-    consumer_->unwatch(region->start, region->length());
-  }
   for (InvalidateCallback *callback = region->callbacks; callback != nullptr;) {
     InvalidateCallback *next = callback->next;
     callback->done(callback->arg);
@@ -748,8 +748,17 @@ void Cache::reap_finished_locked() noexcept {
   }
 }
 
+// Unwatching waits for the batch too: a watch left a little longer costs nothing (the range stays
+// registered), and the monitor's registry lock is then taken once per batch.
 void Cache::retire_batch_locked() noexcept {
   if (retiring_count_ == 0) return;
+  for (size_t i = 0; i < retiring_count_; ++i) {
+    const Region *region = retiring_[i];
+    const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+    if ((flags & Region::kWatched) != 0 && (flags & Region::kForgotten) == 0) {
+      consumer_->unwatch(region->start, region->length());
+    }
+  }
   epoch_domain().retire_many(reinterpret_cast<void *const *>(retiring_), retiring_count_,
                              &Cache::recycle_region);
   retiring_count_ = 0;
