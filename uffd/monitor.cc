@@ -827,7 +827,8 @@ void sync_watches_locked(bool settle) noexcept {
   if (settle) wait_for_unmaps_in_flight(g.uffd);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
-      if (record.kind != InvalidationKind::Remove) g.watches.forget(record.start, record.end);
+      if (record.kind == InvalidationKind::Remove) return;
+      g.watches.forget(record.start, record.end, record.kind == InvalidationKind::Unmap);
     });
     if (result == DrainResult::Ok) return;
     g.watches.forget_all();  // lapped: any registration may be gone; drain again to resync

@@ -187,14 +187,16 @@ bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
   return true;
 }
 
-void WatchSet::forget(uintptr_t start, uintptr_t end) noexcept {
+void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
   if (start >= end) return;
+  bool hole = false;  // registered memory is left next to [start, end)
   for (size_t at = entries_.first_ending_above(start);
        at < entries_.count && entries_.items[at].start < end;) {
     const Entry old = entries_.items[at];
     account(&entries_.items[at], false);
     const bool left = old.start < start;
     const bool right = old.end > end;
+    hole = hole || left || right;
     if (left && right && entries_.reserve(1)) {  // out of memory: forget the right part too
       entries_.items[at].end = start;
       entries_.insert_at(at + 1, Entry{end, old.end, 0, 0});
@@ -213,6 +215,19 @@ void WatchSet::forget(uintptr_t start, uintptr_t end) noexcept {
       entries_.erase_at(at);
     }
   }
+  if (unmap && hole && config_.mode != MRC_MONITOR_MISSING) adopt_replacement(start, end);
+}
+
+// A mapping that lies inside the hole an unmap cut into registered memory, and so was most
+// likely mapped over it (MAP_FIXED), is registered whole.
+void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
+  Mapping mapping;
+  if (query_mapping(start, &mapping) != MRC_OK || mapping.start < start || mapping.end > end) {
+    return;  // a plain hole, or a mapping that reaches beyond it
+  }
+  if (!acceptable(mapping, nullptr, 0)) return;
+  uintptr_t next;
+  (void)register_from(mapping.start, mapping.end, &next, nullptr, 0);
 }
 
 void WatchSet::forget_all() noexcept {

@@ -90,8 +90,12 @@ class WatchSet {
   // registered before it failed stay as idle entries.
   [[nodiscard]] WatchResult watch(uintptr_t start, uintptr_t end, char *why, size_t why_len);
   void unwatch(uintptr_t start, uintptr_t end) noexcept;
-  // The kernel dropped the registration of [start, end) (an UNMAP or REMAP record).
-  void forget(uintptr_t start, uintptr_t end) noexcept;
+  // The kernel dropped the registration of [start, end): an UNMAP record (`unmap`) or a REMAP
+  // one. An unmap that cut a hole in a registered mapping may have been a MAP_FIXED: the new
+  // mapping there is registered too (write-protect modes), so that the kernel can merge it with
+  // its registered neighbours as it would have without us (else the application's mremap of
+  // the whole range fails: Linux 6.17+ refuses a multi-VMA move with a registered VMA in it).
+  void forget(uintptr_t start, uintptr_t end, bool unmap) noexcept;
   // Records were lost: any registration may be gone.
   void forget_all() noexcept;
 
@@ -146,6 +150,7 @@ class WatchSet {
   bool acceptable(const Mapping &mapping, char *why, size_t why_len) const noexcept;
   bool register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why, size_t why_len);
   [[nodiscard]] bool record(uintptr_t start, uintptr_t end) noexcept;
+  void adopt_replacement(uintptr_t start, uintptr_t end) noexcept;
   void account(Entry *entry, bool add) noexcept;
   [[nodiscard]] bool count_watch(uintptr_t start, uintptr_t end) noexcept;
   void pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept;

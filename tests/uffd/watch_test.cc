@@ -472,6 +472,31 @@ TEST_F(Watch, AWatchAtTheNewPlaceOfAMovedBufferKeepsItWhole) {
   unmap_alone(p, length + page_size());
 }
 
+// A MAP_FIXED over part of a watched mapping: the kernel keeps the new mapping apart from its
+// registered neighbours, where it would have merged with them; registering it too merges them
+// back, and the application's mremap of the whole range works again.
+TEST_F(Watch, AMappingPutOverPartOfAWatchedOneIsWatchedAndMergedBack) {
+  const size_t page = page_size();
+  const size_t length = 64 * page;
+  char *p = map_alone(length);
+  watch(p, page);
+  void *replaced = mmap(p + 16 * page, 16 * page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(replaced, p + 16 * page);
+  auto records = drain();
+  EXPECT_TRUE(covered(records, u(p + 16 * page), u(p + 32 * page), InvalidationKind::Unmap))
+      << describe(records);
+  unwatch(p, page);  // the watch table follows the records at its next watch or unwatch
+  EXPECT_EQ(count_vmas_in(u(p), u(p) + length), 1u);
+  char *target = map_alone(length);
+  ASSERT_EQ(mprotect(target, length, PROT_NONE), 0);
+  ASSERT_EQ(mremap(p, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, target), target)
+      << "mremap: " << strerror(errno);
+  EXPECT_TRUE(unmap_is_reported(target + 20 * page));  // the part mapped over is watched too
+  unmap_alone(target, length);
+  unmap_alone(p, length);
+}
+
 TEST_F(Watch, ReRegistersAfterAMove) {
   const size_t length = 4 * page_size();
   char *p = map_alone(length);
