@@ -18,6 +18,7 @@
 namespace mrc::uffd::detail {
 
 std::atomic<uint64_t> g_registrations{0};
+std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register{nullptr};
 
 namespace {
 
@@ -343,6 +344,7 @@ bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char 
       return false;
     }
 
+    if (auto *hook = g_before_register.load(std::memory_order_relaxed)) hook(lo, hi);
     uffdio_register request{};
     request.range.start = lo;
     request.range.len = hi - lo;
@@ -495,3 +497,9 @@ void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
 }
 
 }  // namespace mrc::uffd::detail
+
+namespace mrc::uffd::testing {
+void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
+  detail::g_before_register.store(hook, std::memory_order_relaxed);
+}
+}  // namespace mrc::uffd::testing

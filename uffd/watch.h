@@ -169,5 +169,7 @@ class WatchSet {
 
 // UFFDIO_REGISTER calls since the process started (testing::registrations()).
 extern std::atomic<uint64_t> g_registrations;
+// testing::set_before_register_hook.
+extern std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register;
 
 }  // namespace mrc::uffd::detail

@@ -205,6 +205,35 @@ TEST_F(Watch, MemoryMappedIntoAHoleIsRegisteredWhenWatched) {
   unmap_alone(p, 16 * page);
 }
 
+// Between the lookup of a mapping and its registration the application may unmap part of it
+// (no event: it was not registered yet). UFFDIO_REGISTER then registers what is left and
+// succeeds; the table must not record the hole as registered, or memory mapped there later would
+// be answered from the table and never registered.
+TEST_F(Watch, ARegistrationRacingAnUnmapDoesNotClaimTheHole) {
+  const size_t page = page_size();
+  static char *victim = nullptr;
+  static size_t victim_pages = 0;
+  char *p = map_alone(16 * page);
+  victim = p + 8 * page;
+  victim_pages = 8;
+  testing::set_before_register_hook([](uintptr_t, uintptr_t) {
+    if (victim != nullptr) munmap(victim, victim_pages * page_size());
+    victim = nullptr;
+  });
+  struct Unhook {
+    ~Unhook() { testing::set_before_register_hook(nullptr); }
+  } unhook;
+  watch(p, page);
+  void *again = mmap(p + 8 * page, 8 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(again, p + 8 * page);
+  const uint64_t before = testing::registrations();
+  watch(p + 12 * page, page);
+  EXPECT_GT(testing::registrations(), before);
+  EXPECT_TRUE(unmap_is_reported(p + 12 * page));
+  unmap_alone(p, 16 * page);
+}
+
 // The decision (issue 4): a watch never waits for unmaps in flight. Until the monitor has read
 // another thread's munmap, a watch of new memory mapped at the same address is answered from the
 // old registration, without a syscall; the record, once drained, cuts that registration out of
