@@ -418,8 +418,7 @@ void WatchSet::unregister_entry(size_t index) noexcept {
   unregister(lo, hi);
 }
 
-bool WatchSet::evict_idle() noexcept {
-  bool evicted = false;
+void WatchSet::evict_idle() noexcept {
   while (wants_eviction()) {
     size_t victim = entries_.count;
     uint64_t oldest = UINT64_MAX;
@@ -432,10 +431,8 @@ bool WatchSet::evict_idle() noexcept {
     }
     MRC_CHECK(victim < entries_.count);  // idle_ counts the entries without a piece
     unregister_entry(victim);
-    evicted = true;
   }
   room_wanted_ = false;
-  return evicted;
 }
 
 // ---- WatchSet: public ----
