@@ -827,7 +827,8 @@ void sync_watches_locked(bool settle) noexcept {
   if (settle) wait_for_unmaps_in_flight(g.uffd);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
-      if (record.kind != InvalidationKind::Remove) g.watches.forget(record.start, record.end);
+      if (record.kind == InvalidationKind::Remove) return;
+      g.watches.forget(record.start, record.end, record.kind == InvalidationKind::Unmap);
     });
     if (result == DrainResult::Ok) return;
     g.watches.forget_all();  // lapped: any registration may be gone; drain again to resync
@@ -837,7 +838,7 @@ void sync_watches_locked(bool settle) noexcept {
 // Unregisters idle watch entries (past the limit, or to make room under the VMA budget).
 void evict_idle_watches_locked() noexcept {
   sync_watches_locked(/*settle=*/true);
-  (void)g.watches.evict_idle();
+  g.watches.evict_idle();
 }
 
 // ---- fork ----
@@ -932,7 +933,7 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
   if (g.needs_start) start_locked();
   if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
   WatchResult result = g.watches.watch(lo, hi, why, why_len);
-  if (result == WatchResult::NotMonitorable && g.watches.wants_eviction()) {
+  if (result == WatchResult::NotMonitorable && g.watches.wants_room()) {
     // Over the VMA budget while idle entries hold some of it: give those back and try again.
     evict_idle_watches_locked();
     if (why != nullptr && why_len > 0) why[0] = '\0';

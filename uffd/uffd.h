@@ -171,6 +171,9 @@ void force_poll_loop(bool on);
 void pause_monitor(bool on);
 // UFFDIO_REGISTER calls made by watch() since the process started.
 uint64_t registrations();
+// Called (under the registry mutex) between watch()'s lookup of a mapping and its
+// UFFDIO_REGISTER of [start, end), where the application may change the mapping; nullptr = none.
+void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end));
 // The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).
 int monitor_fd();
 }  // namespace testing

@@ -18,6 +18,7 @@
 namespace mrc::uffd::detail {
 
 std::atomic<uint64_t> g_registrations{0};
+std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register{nullptr};
 
 namespace {
 
@@ -187,14 +188,16 @@ bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
   return true;
 }
 
-void WatchSet::forget(uintptr_t start, uintptr_t end) noexcept {
+void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
   if (start >= end) return;
+  bool hole = false;  // registered memory is left next to [start, end)
   for (size_t at = entries_.first_ending_above(start);
        at < entries_.count && entries_.items[at].start < end;) {
     const Entry old = entries_.items[at];
     account(&entries_.items[at], false);
     const bool left = old.start < start;
     const bool right = old.end > end;
+    hole = hole || left || right;
     if (left && right && entries_.reserve(1)) {  // out of memory: forget the right part too
       entries_.items[at].end = start;
       entries_.insert_at(at + 1, Entry{end, old.end, 0, 0});
@@ -213,6 +216,19 @@ void WatchSet::forget(uintptr_t start, uintptr_t end) noexcept {
       entries_.erase_at(at);
     }
   }
+  if (unmap && hole && config_.mode != MRC_MONITOR_MISSING) adopt_replacement(start, end);
+}
+
+// A mapping that lies inside the hole an unmap cut into registered memory, and so was most
+// likely mapped over it (MAP_FIXED), is registered whole.
+void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
+  Mapping mapping;
+  if (query_mapping(start, &mapping) != MRC_OK || mapping.start < start || mapping.end > end) {
+    return;  // a plain hole, or a mapping that reaches beyond it
+  }
+  if (!acceptable(mapping, nullptr, 0)) return;
+  uintptr_t next;
+  (void)register_from(mapping.start, mapping.end, &next, nullptr, 0);
 }
 
 void WatchSet::forget_all() noexcept {
@@ -328,6 +344,7 @@ bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char 
       return false;
     }
 
+    if (auto *hook = g_before_register.load(std::memory_order_relaxed)) hook(lo, hi);
     uffdio_register request{};
     request.range.start = lo;
     request.range.len = hi - lo;
@@ -401,8 +418,7 @@ void WatchSet::unregister_entry(size_t index) noexcept {
   unregister(lo, hi);
 }
 
-bool WatchSet::evict_idle() noexcept {
-  bool evicted = false;
+void WatchSet::evict_idle() noexcept {
   while (wants_eviction()) {
     size_t victim = entries_.count;
     uint64_t oldest = UINT64_MAX;
@@ -415,10 +431,8 @@ bool WatchSet::evict_idle() noexcept {
     }
     MRC_CHECK(victim < entries_.count);  // idle_ counts the entries without a piece
     unregister_entry(victim);
-    evicted = true;
   }
   room_wanted_ = false;
-  return evicted;
 }
 
 // ---- WatchSet: public ----
@@ -480,3 +494,9 @@ void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
 }
 
 }  // namespace mrc::uffd::detail
+
+namespace mrc::uffd::testing {
+void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
+  detail::g_before_register.store(hook, std::memory_order_relaxed);
+}
+}  // namespace mrc::uffd::testing

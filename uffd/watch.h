@@ -3,19 +3,20 @@
 //
 // Registration follows the kernel's VMAs. In the write-protect modes a watch registers every
 // whole VMA (mapping) it touches, never a part of one: registering part of a VMA splits it, and
-// the application's mremap of a range that spans several VMAs then fails (a grow always; a move
-// too on Linux 6.17+, which moves VMA by VMA and refuses a userfaultfd-registered one after the
-// first; on 6.12 such moves broke off part-way). MISSING mode registers exactly the pages asked
-// for, because the monitor thread resolves the faults there and must never fault on memory it did
-// not choose (a runtime's per-thread data merged into the same VMA): its splits are the price.
+// the application's mremap of a range that spans several VMAs fails with EFAULT (a grow always;
+// a move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which
+// the kernel cannot move along with others). MISSING mode registers exactly the pages asked for,
+// because the monitor thread resolves the faults there and must never fault on memory it did not
+// choose (a runtime's per-thread data merged into the same VMA): its splits are the price.
 //
 // Two records:
 //  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
-//    ones are coalesced, as the kernel merges adjacent registered VMAs). Every byte of an entry is
-//    registered with our userfaultfd, up to the window below. The kernel drops the registration
-//    of whatever is unmapped or moved away (the moved VMA keeps it at its new address) and says
-//    so with an UNMAP or REMAP record of the old range; forget() cuts those bytes out. A watch
-//    that lies inside one entry costs no syscall.
+//    ones are coalesced; the kernel merges adjacent registered VMAs where it can). Every byte of
+//    an entry is registered with our userfaultfd, up to the window below. The kernel drops the
+//    registration of whatever is unmapped or moved away (the moved VMA keeps it at its new
+//    address, where no entry records it: a watch there registers it again, a no-op) and says so
+//    with an UNMAP or REMAP record of the old range; forget() cuts those bytes out. A watch that
+//    lies inside one entry costs no syscall.
 //  - Pieces: the units watches are counted in. A watch that finds no piece under part of its
 //    range creates one there, as large as the free space around it inside the watch's entry, so
 //    a mapping's first watch makes one piece for the whole mapping and the next ones count in
@@ -52,6 +53,8 @@
 //   never touches it. Allocation (nothrow) is allowed here: this is never the monitor thread.
 //   No destructors: the table lives in a process-wide object that must stay usable while other
 //   threads run at exit; reset() frees the memory.
+//   g_registrations (a statistic) and g_before_register (test-only, set by the thread that then
+//   watches) are relaxed atomics: nothing is published through them.
 #pragma once
 
 #include <atomic>
@@ -90,20 +93,23 @@ class WatchSet {
   // registered before it failed stay as idle entries.
   [[nodiscard]] WatchResult watch(uintptr_t start, uintptr_t end, char *why, size_t why_len);
   void unwatch(uintptr_t start, uintptr_t end) noexcept;
-  // The kernel dropped the registration of [start, end) (an UNMAP or REMAP record).
-  void forget(uintptr_t start, uintptr_t end) noexcept;
+  // The kernel dropped the registration of [start, end): an UNMAP record (`unmap`) or a REMAP
+  // one. An unmap that cut a hole in a registered mapping may have been a MAP_FIXED: the new
+  // mapping there is registered too (write-protect modes), so that the kernel can merge it with
+  // its registered neighbours as it would have without us (else the application's mremap of
+  // the whole range fails: Linux 6.17+ refuses a multi-VMA move with a registered VMA in it).
+  void forget(uintptr_t start, uintptr_t end, bool unmap) noexcept;
   // Records were lost: any registration may be gone.
   void forget_all() noexcept;
 
   // Idle entries past the limit, or a watch that wanted room under the VMA budget: the caller
   // waits for unmaps in flight, drains, then calls evict_idle() (it unregisters; an entry still
   // standing for memory already unmapped could cover someone else's mapping by now).
-  bool wants_eviction() const noexcept {
-    return idle_ > config_.idle_limit || (room_wanted_ && idle_ > 0);
-  }
-  // Unregisters idle entries, oldest first, until wants_eviction() is false. True if it
-  // unregistered any.
-  bool evict_idle() noexcept;
+  bool wants_eviction() const noexcept { return idle_ > config_.idle_limit || wants_room(); }
+  // The last watch() failed for want of room under the VMA budget, and idle entries hold some.
+  bool wants_room() const noexcept { return room_wanted_ && idle_ > 0; }
+  // Unregisters idle entries, oldest first, until wants_eviction() is false.
+  void evict_idle() noexcept;
 
   uint64_t watched_bytes() const noexcept { return watched_bytes_; }
   uint64_t vmas_added() const noexcept { return 2 * static_cast<uint64_t>(entries_.count); }
@@ -146,6 +152,7 @@ class WatchSet {
   bool acceptable(const Mapping &mapping, char *why, size_t why_len) const noexcept;
   bool register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why, size_t why_len);
   [[nodiscard]] bool record(uintptr_t start, uintptr_t end) noexcept;
+  void adopt_replacement(uintptr_t start, uintptr_t end) noexcept;
   void account(Entry *entry, bool add) noexcept;
   [[nodiscard]] bool count_watch(uintptr_t start, uintptr_t end) noexcept;
   void pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept;
@@ -164,5 +171,7 @@ class WatchSet {
 
 // UFFDIO_REGISTER calls since the process started (testing::registrations()).
 extern std::atomic<uint64_t> g_registrations;
+// testing::set_before_register_hook.
+extern std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register;
 
 }  // namespace mrc::uffd::detail

@@ -92,7 +92,7 @@ TEST_P(Events, MunmapOnePageInsideKeepsTheRest) {
   munmap(p, 16 * page);
 }
 
-// Write-protect modes widen a watch to its block (within the mapping); MISSING mode registers
+// Write-protect modes register the whole mapping a watch falls in; MISSING mode registers
 // exactly the pages asked for, because its faults are resolved by the monitor thread.
 TEST_P(Events, WideningDependsOnTheMode) {
   const size_t page = page_size();

@@ -205,6 +205,35 @@ TEST_F(Watch, MemoryMappedIntoAHoleIsRegisteredWhenWatched) {
   unmap_alone(p, 16 * page);
 }
 
+// Between the lookup of a mapping and its registration the application may unmap part of it
+// (no event: it was not registered yet). UFFDIO_REGISTER then registers what is left and
+// succeeds; the table must not record the hole as registered, or memory mapped there later would
+// be answered from the table and never registered.
+TEST_F(Watch, ARegistrationRacingAnUnmapDoesNotClaimTheHole) {
+  const size_t page = page_size();
+  static char *victim = nullptr;
+  static size_t victim_pages = 0;
+  char *p = map_alone(16 * page);
+  victim = p + 8 * page;
+  victim_pages = 8;
+  testing::set_before_register_hook([](uintptr_t, uintptr_t) {
+    if (victim != nullptr) munmap(victim, victim_pages * page_size());
+    victim = nullptr;
+  });
+  struct Unhook {
+    ~Unhook() { testing::set_before_register_hook(nullptr); }
+  } unhook;
+  watch(p, page);
+  void *again = mmap(p + 8 * page, 8 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(again, p + 8 * page);
+  const uint64_t before = testing::registrations();
+  watch(p + 12 * page, page);
+  EXPECT_GT(testing::registrations(), before);
+  EXPECT_TRUE(unmap_is_reported(p + 12 * page));
+  unmap_alone(p, 16 * page);
+}
+
 // The decision (issue 4): a watch never waits for unmaps in flight. Until the monitor has read
 // another thread's munmap, a watch of new memory mapped at the same address is answered from the
 // old registration, without a syscall; the record, once drained, cuts that registration out of
@@ -470,6 +499,31 @@ TEST_F(Watch, AWatchAtTheNewPlaceOfAMovedBufferKeepsItWhole) {
   unwatch(p, page_size());
   munmap(q, 2 * length);
   unmap_alone(p, length + page_size());
+}
+
+// A MAP_FIXED over part of a watched mapping: the kernel keeps the new mapping apart from its
+// registered neighbours, where it would have merged with them; registering it too merges them
+// back, and the application's mremap of the whole range works again.
+TEST_F(Watch, AMappingPutOverPartOfAWatchedOneIsWatchedAndMergedBack) {
+  const size_t page = page_size();
+  const size_t length = 64 * page;
+  char *p = map_alone(length);
+  watch(p, page);
+  void *replaced = mmap(p + 16 * page, 16 * page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(replaced, p + 16 * page);
+  auto records = drain();
+  EXPECT_TRUE(covered(records, u(p + 16 * page), u(p + 32 * page), InvalidationKind::Unmap))
+      << describe(records);
+  unwatch(p, page);  // the watch table follows the records at its next watch or unwatch
+  EXPECT_EQ(count_vmas_in(u(p), u(p) + length), 1u);
+  char *target = map_alone(length);
+  ASSERT_EQ(mprotect(target, length, PROT_NONE), 0);
+  ASSERT_EQ(mremap(p, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, target), target)
+      << "mremap: " << strerror(errno);
+  EXPECT_TRUE(unmap_is_reported(target + 20 * page));  // the part mapped over is watched too
+  unmap_alone(target, length);
+  unmap_alone(p, length);
 }
 
 TEST_F(Watch, ReRegistersAfterAMove) {
