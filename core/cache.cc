@@ -752,13 +752,16 @@ void Cache::reap_finished_locked() noexcept {
 // registered), and the monitor's registry lock is then taken once per batch.
 void Cache::retire_batch_locked() noexcept {
   if (retiring_count_ == 0) return;
+  uffd::Consumer::Range watched[kRetireBatch];
+  size_t count = 0;
   for (size_t i = 0; i < retiring_count_; ++i) {
     const Region *region = retiring_[i];
     const uint32_t flags = region->flags.load(std::memory_order_relaxed);
     if ((flags & Region::kWatched) != 0 && (flags & Region::kForgotten) == 0) {
-      consumer_->unwatch(region->start, region->length());
+      watched[count++] = {region->start, region->length()};
     }
   }
+  if (count != 0) consumer_->unwatch_many(watched, count);
   epoch_domain().retire_many(reinterpret_cast<void *const *>(retiring_), retiring_count_,
                              &Cache::recycle_region);
   retiring_count_ = 0;

@@ -944,12 +944,20 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
 }
 
 void Consumer::unwatch(uintptr_t start, size_t length) {
-  uintptr_t lo;
-  uintptr_t hi;
-  if (!page_range(start, length, &lo, &hi, nullptr, 0)) return;
+  const Range range{start, length};
+  unwatch_many(&range, 1);
+}
+
+void Consumer::unwatch_many(const Range *ranges, size_t count) {
   std::lock_guard<std::mutex> hold(g.mutex);
   if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
-  g.watches.unwatch(lo, hi);
+  for (size_t i = 0; i < count; ++i) {
+    uintptr_t lo;
+    uintptr_t hi;
+    if (page_range(ranges[i].start, ranges[i].length, &lo, &hi, nullptr, 0)) {
+      g.watches.unwatch(lo, hi);
+    }
+  }
   if (g.watches.wants_eviction()) evict_idle_watches_locked();
 }
 

@@ -97,6 +97,13 @@ class Consumer {
                                   size_t why_len = 0);
   // Drops one watch taken by a successful watch() with the same arguments.
   void unwatch(uintptr_t start, size_t length);
+  // unwatch() of ranges[0, count) ({start, length} each), under one acquisition of the registry
+  // lock.
+  struct Range {
+    uintptr_t start;
+    size_t length;
+  };
+  void unwatch_many(const Range *ranges, size_t count);
 
   mrc_monitor_mode_t mode() const noexcept;
 

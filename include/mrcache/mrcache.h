@@ -150,8 +150,9 @@ typedef struct {
   uint64_t features;      /* UFFD_FEATURE_* granted by the kernel */
   int running;            /* the monitor thread is up */
   uint64_t events;        /* events read since start */
-  uint64_t watched_bytes; /* bytes registered with the userfaultfd */
-  uint64_t vmas_added;    /* estimate of VMA splits caused by watching */
+  uint64_t watched_bytes; /* bytes registered with the userfaultfd (idle mappings included) */
+  uint64_t vmas_added;    /* upper bound of VMAs watching adds (2 per registered mapping: the
+                             neighbours it keeps from merging; MISSING mode: its splits) */
   uint64_t vma_budget;    /* ceiling for vmas_added, from vm.max_map_count */
 } mrc_monitor_info_t;
 

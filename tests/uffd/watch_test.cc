@@ -148,6 +148,23 @@ TEST_F(Watch, NeighboursNeverUnwatchEachOther) {
   unmap_alone(p, length);
 }
 
+TEST_F(Watch, UnwatchManyDropsEachWatchOnce) {
+  restart(/*idle=*/0);
+  const size_t page = page_size();
+  char *p = map_alone(8 * page);
+  watch(p, page);
+  watch(p, page);
+  watch(p + 4 * page, page);
+  const Consumer::Range ranges[] = {{u(p), page}, {u(p + 4 * page), page}};
+  consumer_->unwatch_many(ranges, 2);
+  // One of the two watches of the first page is left: the mapping stays registered.
+  EXPECT_TRUE(unmap_is_reported(p + 7 * page));
+  consumer_->unwatch_many(ranges, 1);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  EXPECT_FALSE(unmap_is_reported(p + 6 * page));
+  unmap_alone(p, 8 * page);
+}
+
 TEST_F(Watch, AnIdleMappingStaysRegisteredUpToTheLimit) {
   restart(/*idle=*/2);
   const size_t page = page_size();

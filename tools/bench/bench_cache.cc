@@ -95,7 +95,7 @@ void BM_CacheHit(benchmark::State &state) {
 BENCHMARK(BM_CacheHit)->ArgName("shared")->Arg(0)->Arg(1)->Threads(1)->Threads(2)->UseRealTime();
 
 // Miss in a range already watched: get + put + invalidate, so each iteration registers anew.
-// A neighbour region in the same watch block keeps the block armed.
+// A neighbour region in the same mapping keeps the mapping watched.
 void BM_CacheMissWatched(benchmark::State &state) {
   Ours &o = ours();
   char *address = o.region(kHitRegions - 1);

@@ -329,8 +329,8 @@ void print_text(const json &j) {
   std::printf("  kernel                        %s\n", l["kernel"].get<std::string>().c_str());
   const uint64_t budget = m.value("vma_budget", uint64_t{0});
   std::printf(
-      "  vm.max_map_count              %s (watching splits VMAs; mrcache keeps its splits "
-      "under %s)\n",
+      "  vm.max_map_count              %s (watching keeps registered mappings from merging "
+      "with their neighbours; mrcache keeps the VMAs it may add under %s)\n",
       l["vm_max_map_count"].get<std::string>().c_str(),
       budget != 0 ? std::to_string(budget).c_str()
                   : "a budget derived from it when the monitor starts");
