@@ -26,63 +26,58 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
   }
 }
 
-template <class Node, size_t kAlign>
-Node *allocate_node(uintptr_t base) noexcept {
-  void *memory = ::operator new (sizeof(Node), std::align_val_t{kAlign}, std::nothrow);
-  if (memory == nullptr) return nullptr;
-  Node *node = new (memory) Node();  // value-initialised: every slot empty
-  node->base = base;
-  return node;
-}
-
-template <class Node, size_t kAlign>
-void free_node(Node *node) noexcept {
-  node->~Node();
-  ::operator delete (node, std::align_val_t{kAlign});
-}
-
 }  // namespace
 
 #define MRC_TABLE template <unsigned kInnerBits, unsigned kLeafBits>
 #define MRC_SELF RadixPageTable<kInnerBits, kLeafBits>
 
-MRC_TABLE MRC_SELF::~RadixPageTable() {
-  free_subtree(root_.load(std::memory_order_relaxed), kLevels);
+MRC_TABLE MRC_SELF::RadixPageTable(EpochDomain &domain) noexcept
+    : domain_(domain), pool_(domain, {sizeof(LeafNode), sizeof(InnerNode)}) {}
+
+// A node from the pool with every slot empty. Pool memory is zero when fresh, and a recycled node
+// is as the table left it when it retired the node (node_pool.h), so only the slots that held
+// something need clearing: all 16 of a leaf, the occupied ones of an inner node. Under
+// ThreadSanitizer the whole node is re-created with plain stores instead, so that reusing a node
+// under a live reader would be reported as a data race.
+MRC_TABLE typename MRC_SELF::LeafNode *MRC_SELF::new_leaf() noexcept {
+  void *memory = pool_.allocate(kLeafClass);
+  if (memory == nullptr) return nullptr;
+#if defined(MRC_TSAN)
+  return new (memory) LeafNode();
+#else
+  LeafNode *leaf = std::launder(static_cast<LeafNode *>(memory));
+  for (std::atomic<uintptr_t> &slot : leaf->slots) slot.store(0, std::memory_order_relaxed);
+  return leaf;
+#endif
 }
 
-MRC_TABLE void MRC_SELF::free_subtree(uintptr_t entry, unsigned slot_level) noexcept {
-  if (!is_node(entry)) return;
-  const NodeRef node = node_of(entry, slot_level);
-  for (unsigned i = 0; i < node.fanout(); ++i) {
-    free_subtree(node.slot(i).load(std::memory_order_relaxed), node.level);
+MRC_TABLE typename MRC_SELF::InnerNode *MRC_SELF::new_inner() noexcept {
+  void *memory = pool_.allocate(kInnerClass);
+  if (memory == nullptr) return nullptr;
+#if defined(MRC_TSAN)
+  return new (memory) InnerNode();
+#else
+  InnerNode *inner = std::launder(static_cast<InnerNode *>(memory));
+  for (unsigned w = 0; w < std::size(inner->occupied); ++w) {
+    for (uint64_t bits = inner->occupied[w]; bits != 0; bits &= bits - 1) {
+      inner->slots[64 * w + static_cast<unsigned>(std::countr_zero(bits))].store(
+          0, std::memory_order_relaxed);
+    }
+    inner->occupied[w] = 0;
   }
-  if (node.level == 0) {
-    free_leaf(node.leaf());
-  } else {
-    free_inner(node.inner());
-  }
-}
-
-MRC_TABLE void MRC_SELF::free_leaf(void *node) noexcept {
-  free_node<LeafNode, kNodeAlign>(static_cast<LeafNode *>(node));
-}
-
-MRC_TABLE void MRC_SELF::free_inner(void *node) noexcept {
-  free_node<InnerNode, kNodeAlign>(static_cast<InnerNode *>(node));
+  inner->children = 0;
+  return inner;
+#endif
 }
 
 MRC_TABLE void MRC_SELF::retire(NodeRef node) noexcept {
-  if (node.level == 0) {
-    domain_.retire(node.leaf(), &free_leaf);
-  } else {
-    domain_.retire(node.inner(), &free_inner);
-  }
+  pool_.retire(reinterpret_cast<void *>(node.ptr), node.level == 0 ? kLeafClass : kInnerClass);
 }
 
 MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
   root_.store(entry, std::memory_order_release);
-  // Only a hint for lookup(), which checks it against the tag: relaxed is enough.
-  if (is_node(entry)) root_level_.store(level_of(entry, kLevels), std::memory_order_relaxed);
+  // Only a hint for lookup(), which checks it against the header: relaxed is enough.
+  if (is_node(entry)) root_level_.store(node_of(entry).level, std::memory_order_relaxed);
 }
 
 // Every writer store into a node goes through here, to keep the inner nodes' counts. Release: a
@@ -100,14 +95,20 @@ MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
   node.slot(index).store(updated, std::memory_order_release);
 }
 
+MRC_TABLE void MRC_SELF::store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept {
+  if (at.owner.ptr == 0) {
+    set_root(updated);
+  } else {
+    set_slot(at.owner, at.index, old, updated);
+  }
+}
+
 // The entry a slot at `level` covering `block` holds for region when region is the only one there:
-// 0 (disjoint), the region (covers the block) or the region tagged partial.
+// 0 (disjoint) or the region.
 MRC_TABLE uintptr_t MRC_SELF::entry_for(const PgtRegion *region, uintptr_t block, unsigned level) {
   const uintptr_t end = block + block_size(level);
   if (region->end <= block || region->start >= end) return 0;
-  uintptr_t entry = reinterpret_cast<uintptr_t>(region);
-  if (region->start > block || region->end < end) entry |= kPartialTag;
-  return entry;
+  return reinterpret_cast<uintptr_t>(region);
 }
 
 // The level of the lowest node whose aligned block holds both lo and hi - 1 (which lie in different
@@ -156,7 +157,7 @@ MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
         });
     return count;
   }
-  const NodeRef node = node_of(entry, level);
+  const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
@@ -191,19 +192,19 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
     MRC_DASSERT(entry == 0);  // overlaps were rejected
     return reinterpret_cast<uintptr_t>(region);
   }
-  if (entry == 0) return reinterpret_cast<uintptr_t>(region) | kPartialTag;
+  if (entry == 0) return reinterpret_cast<uintptr_t>(region);
 
   auto take = [&reserve](unsigned node_level, uintptr_t base) {
     NodeRef node{0, node_level};
     if (node_level == 0) {
       MRC_CHECK(reserve.leaf_count > 0);  // count_new_nodes() and insert_into() disagree
       LeafNode *leaf = reserve.leaves[--reserve.leaf_count];
-      leaf->base = base;
+      leaf->header = base | node_level;
       node.ptr = reinterpret_cast<uintptr_t>(leaf);
     } else {
       MRC_CHECK(reserve.inner_count > 0);
       InnerNode *inner = reserve.inner[--reserve.inner_count];
-      inner->base = base;
+      inner->header = base | node_level;
       node.ptr = reinterpret_cast<uintptr_t>(inner);
     }
     return node;
@@ -212,7 +213,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
   if (!is_node(entry)) {
     // The slot's only region meets a second one: a node at the level where they part.
     const PgtRegion *other = region_of(entry);
-    MRC_DASSERT((entry & kPartialTag) != 0);
+    MRC_DASSERT(other->start > block || other->end < block_end);  // else an overlap
     const uintptr_t other_lo = std::max(other->start, block);
     const uintptr_t other_hi = std::min(other->end, block_end);
     const unsigned node_level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
@@ -227,7 +228,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
     return node_entry(node, level);
   }
 
-  const NodeRef node = node_of(entry, level);
+  const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
@@ -263,32 +264,49 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   if (((start | end) & (kPageSize - 1)) != 0 || start >= end || end > kAddressLimit) {
     return MRC_ERR_INVALID;
   }
-  if ((reinterpret_cast<uintptr_t>(region) & (kNodeTag | kPartialTag)) != 0) return MRC_ERR_INVALID;
+  if ((reinterpret_cast<uintptr_t>(region) & kTagMask) != 0) return MRC_ERR_INVALID;
 
-  const uintptr_t root = root_.load(std::memory_order_relaxed);
-  const NodeCount needed = count_new_nodes(root, kLevels, 0, region);
+  // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
+  // not change (the recursion below would pass through them one slot at a time).
+  SlotRef at{NodeRef{0, kLevels}, 0, kLevels, 0};
+  uintptr_t entry = root_.load(std::memory_order_relaxed);
+  while (is_node(entry)) {
+    const NodeRef node = node_of(entry);
+    const uintptr_t base = node.base();
+    if (start < base || end > node.end()) break;
+    const unsigned shift = slot_shift(node.level);
+    const uintptr_t index = (start - base) >> shift;
+    if (index != (end - 1 - base) >> shift) break;
+    at = {node, static_cast<unsigned>(index), node.level, base + (index << shift)};
+    entry = node.slot(at.index).load(std::memory_order_relaxed);
+  }
+  const NodeCount needed = count_new_nodes(entry, at.level, at.block, region);
   if (needed.overlap) return MRC_ERR_EXISTS;
   NodeReserve reserve;
   MRC_CHECK(needed.leaves <= std::size(reserve.leaves) && needed.inner <= std::size(reserve.inner));
   bool allocated = true;
   while (allocated && reserve.leaf_count < needed.leaves) {
-    LeafNode *leaf = allocate_node<LeafNode, kNodeAlign>(0);
+    LeafNode *leaf = new_leaf();
     allocated = leaf != nullptr;
     if (allocated) reserve.leaves[reserve.leaf_count++] = leaf;
   }
   while (allocated && reserve.inner_count < needed.inner) {
-    InnerNode *inner = allocate_node<InnerNode, kNodeAlign>(0);
+    InnerNode *inner = new_inner();
     allocated = inner != nullptr;
     if (allocated) reserve.inner[reserve.inner_count++] = inner;
   }
   if (!allocated) {
-    while (reserve.leaf_count > 0) free_leaf(reserve.leaves[--reserve.leaf_count]);
-    while (reserve.inner_count > 0) free_inner(reserve.inner[--reserve.inner_count]);
+    while (reserve.leaf_count > 0) {
+      pool_.release_unpublished(reserve.leaves[--reserve.leaf_count], kLeafClass);
+    }
+    while (reserve.inner_count > 0) {
+      pool_.release_unpublished(reserve.inner[--reserve.inner_count], kInnerClass);
+    }
     return MRC_ERR_NO_MEMORY;
   }
-  const uintptr_t updated = insert_into(root, kLevels, 0, region, reserve);
+  const uintptr_t updated = insert_into(entry, at.level, at.block, region, reserve);
   MRC_CHECK(reserve.leaf_count == 0 && reserve.inner_count == 0);
-  if (updated != root) set_root(updated);
+  if (updated != entry) store(at, entry, updated);
   const size_t new_nodes = needed.leaves + needed.inner;
   const size_t new_bytes = needed.leaves * sizeof(LeafNode) + needed.inner * sizeof(InnerNode);
   nodes_.store(nodes_.load(std::memory_order_relaxed) + new_nodes, std::memory_order_relaxed);
@@ -308,14 +326,21 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
     MRC_DASSERT(region_of(entry) == region);
     return 0;
   }
-  const NodeRef node = node_of(entry, level);
+  const NodeRef node = node_of(entry);
   for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
                    [&](unsigned i, uintptr_t) {
                      const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
                      const uintptr_t updated = remove_from(old, node.level, region, unlinked);
                      if (updated != old) set_slot(node, i, old, updated);
                    });
+  return collapse(node, level, entry, unlinked);
+}
 
+// After a slot of node (held as entry by a slot at `level`) was emptied or replaced: what that slot
+// holds now. The node itself while it still separates two regions; else its only child, or its
+// only region, and the node is queued in unlinked.
+MRC_TABLE uintptr_t MRC_SELF::collapse(NodeRef node, unsigned level, uintptr_t entry,
+                                       Unlinked &unlinked) noexcept {
   // Still separating two regions: a child node sees two, and so does a node with another slot.
   unsigned first = 0, last = node.fanout() - 1;
   bool has_child = false;
@@ -344,11 +369,11 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
   uintptr_t replacement;
   if (first == last && is_node(slot(first))) {
     // Path compression: the child takes the node's place, its tag counted from our slot.
-    replacement = node_entry(node_of(slot(first), node.level), level);
-  } else if (!has_child && region_of(slot(first)) == region_of(slot(last))) {
+    replacement = node_entry(node_of(slot(first)), level);
+  } else if (!has_child && slot(first) == slot(last)) {
     // One region left (its entries are consecutive, so first and last tell). The removed region
-    // shared the parent block, so the survivor does not cover it.
-    replacement = reinterpret_cast<uintptr_t>(region_of(slot(first))) | kPartialTag;
+    // shared the parent block, so the survivor does not cover it: one entry for the block.
+    replacement = slot(first);
   } else {
     return entry;
   }
@@ -359,12 +384,43 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
 
 MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   if (region == nullptr) return MRC_ERR_INVALID;
-  // start/end are immutable while the region is in the table, so this finds it if it is there.
-  if (lookup(region->start) != region) return MRC_ERR_NOT_FOUND;
-  const uintptr_t root = root_.load(std::memory_order_relaxed);
+  // start/end are immutable while the region is in the table.
+  const uintptr_t start = region->start;
+  const uintptr_t end = region->end;
+  // One descent along start, as lookup() takes, remembering the way: it finds the region if it is
+  // there, and the deepest slot whose block holds all of it (`split`). Below that slot
+  // remove_from() does the work; above it only a node that collapses changes its parent.
+  SlotRef path[kLevels + 1];
+  uintptr_t entries[kLevels + 1];  // what each slot of the path held
+  unsigned depth = 0, split = 0;
+  path[0] = {NodeRef{0, kLevels}, 0, kLevels, 0};
+  entries[0] = root_.load(std::memory_order_relaxed);
+  while (is_node(entries[depth])) {
+    const NodeRef node = node_of(entries[depth]);
+    const uintptr_t base = node.base();
+    if (start < base || start >= node.end()) return MRC_ERR_NOT_FOUND;
+    const unsigned shift = slot_shift(node.level);
+    const uintptr_t index = (start - base) >> shift;
+    MRC_DASSERT(depth < kLevels);
+    if (split == depth && end <= node.end() && (end - 1 - base) >> shift == index) ++split;
+    path[++depth] = {node, static_cast<unsigned>(index), node.level, base + (index << shift)};
+    entries[depth] = node.slot(path[depth].index).load(std::memory_order_relaxed);
+  }
+  if (entries[depth] != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
+
   Unlinked unlinked;
-  const uintptr_t updated = remove_from(root, kLevels, region, unlinked);
-  if (updated != root) set_root(updated);
+  depth = split;
+  uintptr_t entry = entries[depth];
+  uintptr_t updated = remove_from(entry, path[depth].level, region, unlinked);
+  // Stores bottom-up, as the recursion would: a replacement is complete before its parent
+  // points to it.
+  while (updated != entry) {
+    store(path[depth], entry, updated);
+    if (depth == 0) break;
+    const NodeRef node = path[depth--].owner;
+    entry = entries[depth];
+    updated = collapse(node, path[depth].level, entry, unlinked);
+  }
   // Retire only now: every unlinked node's replacement has been stored.
   size_t bytes = 0;
   for (unsigned i = 0; i < unlinked.count; ++i) {
@@ -383,8 +439,9 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
                                      Census &census) const noexcept {
   if (entry == 0) return true;
   if (!is_node(entry)) {
+    if ((entry & kTagMask) != 0) return false;
     const PgtRegion *region = region_of(entry);
-    if (entry_for(region, block, level) != entry) return false;  // wrong tag or disjoint
+    if (entry_for(region, block, level) != entry) return false;  // disjoint
     const uintptr_t block_end = block + block_size(level);
     census.covered += std::min(region->end, block_end) - std::max(region->start, block);
     if (region != census.last) {
@@ -396,8 +453,10 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
     }
     return true;
   }
-  if (skipped_of(entry) + 1 > level) return false;
-  const NodeRef node = node_of(entry, level);
+  if (pointer_of(entry) == 0) return false;
+  const NodeRef node = node_of(entry);
+  // Below the slot, and tagged as skipping levels exactly when it does.
+  if (node.level >= level || node_entry(node, level) != entry) return false;
   const uintptr_t base = node.base();
   if ((base & (block_size(node.level + 1) - 1)) != 0) return false;
   if (base < block || node.end() > block + block_size(level)) return false;
