@@ -83,8 +83,8 @@ MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
 // Every writer store into a node goes through here, to keep the inner nodes' counts. Release: a
 // node stored here is complete before a reader can reach it (for a node still private the ordering
 // is not needed, and on x86 costs nothing).
-MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
-                                  uintptr_t updated) noexcept {
+MRC_TABLE inline void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
+                                         uintptr_t updated) noexcept {
   if (node.level != 0) {
     InnerNode *inner = node.inner();
     const uint64_t bit = uint64_t{1} << (index % 64);
@@ -95,11 +95,27 @@ MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
   node.slot(index).store(updated, std::memory_order_release);
 }
 
-MRC_TABLE void MRC_SELF::store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept {
+MRC_TABLE inline void MRC_SELF::store(const SlotRef &at, uintptr_t old,
+                                      uintptr_t updated) noexcept {
   if (at.owner.ptr == 0) {
     set_root(updated);
   } else {
     set_slot(at.owner, at.index, old, updated);
+  }
+}
+
+// The level and the block's first address of the node `entry` points to, read from a slot at
+// slot_level whose block holds address. Without skipped levels both follow from the slot, and the
+// node's header (another cache line) is not read.
+MRC_TABLE inline void MRC_SELF::node_place(uintptr_t entry, unsigned slot_level, uintptr_t address,
+                                           unsigned &level, uintptr_t &base) noexcept {
+  if ((entry & kSkipTag) == 0) {
+    level = slot_level - 1;
+    base = address & ~(block_size(slot_level) - 1);
+  } else {
+    const uintptr_t header = header_of(pointer_of(entry));
+    level = level_in(header);
+    base = header & ~kLevelMask;
   }
 }
 
@@ -271,15 +287,25 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   SlotRef at{NodeRef{0, kLevels}, 0, kLevels, 0};
   uintptr_t entry = root_.load(std::memory_order_relaxed);
   while (is_node(entry)) {
-    const NodeRef node = node_of(entry);
-    const uintptr_t base = node.base();
-    if (start < base || end > node.end()) break;
-    const unsigned shift = slot_shift(node.level);
+    const uintptr_t node = pointer_of(entry);
+    unsigned level;
+    uintptr_t base;
+    node_place(entry, at.level, start, level, base);
+    const unsigned shift = slot_shift(level);
     const uintptr_t index = (start - base) >> shift;
-    if (index != (end - 1 - base) >> shift) break;
-    at = {node, static_cast<unsigned>(index), node.level, base + (index << shift)};
-    entry = node.slot(at.index).load(std::memory_order_relaxed);
+    // start inside the node's block, end - 1 in the same slot.
+    if (start < base || index >= fanout(level) || (end - 1 - base) >> shift != index) break;
+    at = {NodeRef{node, level}, static_cast<unsigned>(index), level, base + (index << shift)};
+    entry = slot_at(node, level, index).load(std::memory_order_relaxed);
   }
+  // The usual cases, without the general recursion: an empty slot, or one holding a single region.
+  if (entry == 0) {
+    store(at, 0, reinterpret_cast<uintptr_t>(region));
+    size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return MRC_OK;
+  }
+  if (!is_node(entry)) return insert_beside(at, region_of(entry), region);
+
   const NodeCount needed = count_new_nodes(entry, at.level, at.block, region);
   if (needed.overlap) return MRC_ERR_EXISTS;
   NodeReserve reserve;
@@ -313,6 +339,116 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   bytes_.store(bytes_.load(std::memory_order_relaxed) + new_bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return MRC_OK;
+}
+
+// insert() where the slot `at` holds one region, other, and region lies inside the slot's block:
+// a chain of new nodes separates the two. Each node is the lowest holding both pieces inside the
+// block above it; they share at most one of its slots (the one holding the boundary between
+// them), and the next node goes there. The chain is built while private and published by one store.
+MRC_TABLE mrc_status_t MRC_SELF::insert_beside(const SlotRef &at, PgtRegion *other,
+                                               PgtRegion *region) noexcept {
+  const uintptr_t start = region->start;
+  const uintptr_t end = region->end;
+  if (other->start < end && other->end > start) return MRC_ERR_EXISTS;
+  struct Link {
+    unsigned level;
+    uintptr_t base;
+    unsigned shared;  // the slot holding the next link, or kNone
+  };
+  constexpr unsigned kNone = ~0u;
+  Link chain[kLevels];
+  unsigned length = 0;
+  uintptr_t block = at.block;
+  uintptr_t block_end = block + block_size(at.level);
+  for (;;) {
+    const uintptr_t other_lo = std::max(other->start, block);
+    const uintptr_t other_hi = std::min(other->end, block_end);
+    const uintptr_t lo = std::max(start, block);
+    const uintptr_t hi = std::min(end, block_end);
+    const unsigned level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
+    MRC_DASSERT(length < kLevels && level < (length == 0 ? at.level : chain[length - 1].level));
+    const uintptr_t base = std::min(lo, other_lo) & ~(block_size(level + 1) - 1);
+    const unsigned shift = slot_shift(level);
+    // The last page of the lower piece and the first page of the upper one.
+    const uintptr_t last_below = (other_lo < lo ? other_hi : hi) - 1;
+    const uintptr_t first_above = other_lo < lo ? lo : other_lo;
+    const uintptr_t below_slot = (last_below - base) >> shift;
+    const bool shared = below_slot == (first_above - base) >> shift;
+    chain[length++] = {level, base, shared ? static_cast<unsigned>(below_slot) : kNone};
+    if (!shared) break;
+    block = base + (below_slot << shift);
+    block_end = block + block_size(level);
+  }
+
+  uintptr_t nodes[kLevels];
+  unsigned leaves = 0;
+  for (unsigned i = 0; i < length; ++i) {
+    void *node =
+        chain[i].level == 0 ? static_cast<void *>(new_leaf()) : static_cast<void *>(new_inner());
+    if (node == nullptr) {
+      while (i-- > 0) {
+        pool_.release_unpublished(reinterpret_cast<void *>(nodes[i]),
+                                  chain[i].level == 0 ? kLeafClass : kInnerClass);
+      }
+      return MRC_ERR_NO_MEMORY;
+    }
+    nodes[i] = reinterpret_cast<uintptr_t>(node);
+    leaves += chain[i].level == 0;
+  }
+  // Bottom-up, each node complete before its parent points to it; all private until the store.
+  uintptr_t child = 0;
+  for (unsigned i = length; i-- > 0;) {
+    const NodeRef node{nodes[i], chain[i].level};
+    if (node.level == 0) {
+      node.leaf()->header = chain[i].base | node.level;
+    } else {
+      node.inner()->header = chain[i].base | node.level;
+    }
+    fill_private(node, other, chain[i].shared);
+    fill_private(node, region, chain[i].shared);
+    if (chain[i].shared != kNone) {
+      set_slot(node, chain[i].shared, 0,
+               node_entry(NodeRef{child, chain[i + 1].level}, node.level));
+    }
+    child = node.ptr;
+  }
+  store(at, reinterpret_cast<uintptr_t>(other),
+        node_entry(NodeRef{child, chain[0].level}, at.level));
+  nodes_.store(nodes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + leaves * sizeof(LeafNode) +
+                   (length - leaves) * sizeof(InnerNode),
+               std::memory_order_relaxed);
+  size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return MRC_OK;
+}
+
+// Stores region into every slot of a private node that it intersects, except slot `skip` (an inner
+// node's slot that will hold a child).
+MRC_TABLE void MRC_SELF::fill_private(NodeRef node, const PgtRegion *region,
+                                      unsigned skip) noexcept {
+  const uintptr_t base = node.base();
+  const unsigned shift = slot_shift(node.level);
+  const uintptr_t first = (std::max(region->start, base) - base) >> shift;
+  const uintptr_t last = (std::min(region->end, node.end()) - 1 - base) >> shift;
+  const uintptr_t entry = reinterpret_cast<uintptr_t>(region);
+  if (node.level == 0) {
+    for (uintptr_t i = first; i <= last; ++i) {
+      node.leaf()->slots[i].store(entry, std::memory_order_relaxed);
+    }
+    return;
+  }
+  InnerNode *inner = node.inner();
+  for (uintptr_t i = first; i <= last; ++i) {
+    if (i != skip) inner->slots[i].store(entry, std::memory_order_relaxed);
+  }
+  // The bits first..last, minus skip, word by word.
+  for (uintptr_t w = first / 64; w <= last / 64; ++w) {
+    const unsigned from = w == first / 64 ? static_cast<unsigned>(first % 64) : 0;
+    const unsigned to = w == last / 64 ? static_cast<unsigned>(last % 64) : 63;
+    uint64_t bits = (~uint64_t{0} >> (63 - to)) & (~uint64_t{0} << from);
+    if (skip / 64 == w) bits &= ~(uint64_t{1} << (skip % 64));
+    inner->occupied[w] |= bits;
+  }
 }
 
 // ---- remove -------------------------------------------------------------------------------------
@@ -390,36 +526,45 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   // One descent along start, as lookup() takes, remembering the way: it finds the region if it is
   // there, and the deepest slot whose block holds all of it (`split`). Below that slot
   // remove_from() does the work; above it only a node that collapses changes its parent.
-  SlotRef path[kLevels + 1];
-  uintptr_t entries[kLevels + 1];  // what each slot of the path held
+  struct Step {
+    NodeRef owner;    // the node holding the slot (ptr 0: root_)
+    unsigned index;   // the slot's index there
+    uintptr_t entry;  // what the slot held
+  };
+  Step path[kLevels + 1];
   unsigned depth = 0, split = 0;
-  path[0] = {NodeRef{0, kLevels}, 0, kLevels, 0};
-  entries[0] = root_.load(std::memory_order_relaxed);
-  while (is_node(entries[depth])) {
-    const NodeRef node = node_of(entries[depth]);
-    const uintptr_t base = node.base();
-    if (start < base || start >= node.end()) return MRC_ERR_NOT_FOUND;
-    const unsigned shift = slot_shift(node.level);
+  path[0] = {NodeRef{0, kLevels}, 0, root_.load(std::memory_order_relaxed)};
+  while (is_node(path[depth].entry)) {
+    const uintptr_t node = pointer_of(path[depth].entry);
+    unsigned level;
+    uintptr_t base;
+    node_place(path[depth].entry, path[depth].owner.level, start, level, base);
+    const unsigned shift = slot_shift(level);
     const uintptr_t index = (start - base) >> shift;
+    if (start < base || index >= fanout(level)) return MRC_ERR_NOT_FOUND;
+    if (split == depth && (end - 1 - base) >> shift == index) ++split;
     MRC_DASSERT(depth < kLevels);
-    if (split == depth && end <= node.end() && (end - 1 - base) >> shift == index) ++split;
-    path[++depth] = {node, static_cast<unsigned>(index), node.level, base + (index << shift)};
-    entries[depth] = node.slot(path[depth].index).load(std::memory_order_relaxed);
+    path[++depth] = {NodeRef{node, level}, static_cast<unsigned>(index),
+                     slot_at(node, level, index).load(std::memory_order_relaxed)};
   }
-  if (entries[depth] != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
+  if (path[depth].entry != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
 
   Unlinked unlinked;
   depth = split;
-  uintptr_t entry = entries[depth];
-  uintptr_t updated = remove_from(entry, path[depth].level, region, unlinked);
+  uintptr_t entry = path[depth].entry;
+  uintptr_t updated = remove_from(entry, path[depth].owner.level, region, unlinked);
   // Stores bottom-up, as the recursion would: a replacement is complete before its parent
   // points to it.
-  while (updated != entry) {
-    store(path[depth], entry, updated);
-    if (depth == 0) break;
-    const NodeRef node = path[depth--].owner;
-    entry = entries[depth];
-    updated = collapse(node, path[depth].level, entry, unlinked);
+  for (;;) {
+    if (updated == entry) break;
+    const Step &step = path[depth];
+    if (step.owner.ptr == 0) {
+      set_root(updated);
+      break;
+    }
+    set_slot(step.owner, step.index, entry, updated);
+    entry = path[--depth].entry;
+    updated = collapse(step.owner, path[depth].owner.level, entry, unlinked);
   }
   // Retire only now: every unlinked node's replacement has been stored.
   size_t bytes = 0;

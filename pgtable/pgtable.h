@@ -266,12 +266,17 @@ class RadixPageTable {
   static void nodes_below(uintptr_t entry, Fn &fn);
 
   static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
+  static void node_place(uintptr_t entry, unsigned slot_level, uintptr_t address, unsigned &level,
+                         uintptr_t &base) noexcept;
   void store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept;
   NodeCount count_new_nodes(uintptr_t entry, unsigned level, uintptr_t block,
                             const PgtRegion *region) const noexcept;
   uintptr_t insert_into(uintptr_t entry, unsigned level, uintptr_t block, PgtRegion *region,
                         NodeReserve &reserve) noexcept;
   void insert_into_node(NodeRef node, PgtRegion *region, NodeReserve &reserve) noexcept;
+  [[nodiscard]] mrc_status_t insert_beside(const SlotRef &at, PgtRegion *other,
+                                           PgtRegion *region) noexcept;
+  static void fill_private(NodeRef node, const PgtRegion *region, unsigned skip) noexcept;
   uintptr_t remove_from(uintptr_t entry, unsigned level, const PgtRegion *region,
                         Unlinked &unlinked) noexcept;
   uintptr_t collapse(NodeRef node, unsigned level, uintptr_t entry, Unlinked &unlinked) noexcept;
