@@ -55,8 +55,7 @@ struct NodePool::Batch {
 NodePool::NodePool(EpochDomain &domain, const size_t (&class_bytes)[kClasses]) noexcept
     : domain_(domain) {
   for (unsigned cls = 0; cls < kClasses; ++cls) {
-    MRC_CHECK(class_bytes[cls] % 8 == 0 && class_bytes[cls] >= sizeof(void *) &&
-              class_bytes[cls] + sizeof(ChunkHeader) <= kFirstChunk);
+    MRC_CHECK(class_bytes[cls] % 8 == 0 && class_bytes[cls] >= sizeof(void *));
     class_bytes_[cls] = class_bytes[cls];
   }
 }

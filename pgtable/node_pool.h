@@ -44,8 +44,9 @@ namespace mrc::detail {
 
 class NodePool {
  public:
-  // Size classes (the table's leaf and inner nodes), in bytes, multiples of 8.
-  static constexpr unsigned kClasses = 2;
+  // Size classes (the table's leaves, inner nodes and flat nodes), in bytes, multiples of 8. A
+  // chunk is made big enough for the class that needs it.
+  static constexpr unsigned kClasses = 3;
   // Unlinked nodes per batch handed to the domain (one retire() each).
   static constexpr unsigned kBatchNodes = 64;
   // Batches in flight before the pool asks the domain to start a grace period (poll()): bounds

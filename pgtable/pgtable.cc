@@ -32,7 +32,7 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
 #define MRC_SELF RadixPageTable<kInnerBits, kLeafBits>
 
 MRC_TABLE MRC_SELF::RadixPageTable(EpochDomain &domain) noexcept
-    : domain_(domain), pool_(domain, {sizeof(LeafNode), sizeof(InnerNode)}) {}
+    : domain_(domain), pool_(domain, {sizeof(LeafNode), sizeof(InnerNode), sizeof(FlatNode)}) {}
 
 // A node from the pool with every slot empty. Pool memory is zero when fresh, and a recycled node
 // is as the table left it when it retired the node (node_pool.h), so only the slots that held
@@ -71,7 +71,9 @@ MRC_TABLE typename MRC_SELF::InnerNode *MRC_SELF::new_inner() noexcept {
 }
 
 MRC_TABLE void MRC_SELF::retire(NodeRef node) noexcept {
-  pool_.retire(reinterpret_cast<void *>(node.ptr), node.level == 0 ? kLeafClass : kInnerClass);
+  pool_.retire(reinterpret_cast<void *>(node.ptr), node.level == 0 ? kLeafClass
+                                                   : node.flat     ? kFlatClass
+                                                                   : kInnerClass);
 }
 
 MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
@@ -85,7 +87,7 @@ MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
 // is not needed, and on x86 costs nothing).
 MRC_TABLE inline void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
                                          uintptr_t updated) noexcept {
-  if (node.level != 0) {
+  if (node.is_inner()) {
     InnerNode *inner = node.inner();
     const uint64_t bit = uint64_t{1} << (index % 64);
     inner->occupied[index / 64] =
@@ -104,19 +106,19 @@ MRC_TABLE inline void MRC_SELF::store(const SlotRef &at, uintptr_t old,
   }
 }
 
-// The level and the block's first address of the node `entry` points to, read from a slot at
-// slot_level whose block holds address. Without skipped levels both follow from the slot, and the
+// The node `entry` points to, read from a slot at slot_level whose block holds address, and the
+// first address of the node's block. Without skipped levels both follow from the slot, and the
 // node's header (another cache line) is not read.
-MRC_TABLE inline void MRC_SELF::node_place(uintptr_t entry, unsigned slot_level, uintptr_t address,
-                                           unsigned &level, uintptr_t &base) noexcept {
-  if ((entry & kSkipTag) == 0) {
-    level = slot_level - 1;
+MRC_TABLE inline typename MRC_SELF::NodeRef MRC_SELF::place(uintptr_t entry, unsigned slot_level,
+                                                            uintptr_t address,
+                                                            uintptr_t &base) noexcept {
+  if ((entry & kTagMask) == kNodeTag) {
     base = address & ~(block_size(slot_level) - 1);
-  } else {
-    const uintptr_t header = header_of(pointer_of(entry));
-    level = level_in(header);
-    base = header & ~kLevelMask;
+    return {pointer_of(entry), slot_level - 1};
   }
+  const NodeRef node = node_of(entry);
+  base = node.base();
+  return node;
 }
 
 // The entry a slot at `level` covering `block` holds for region when region is the only one there:
@@ -177,11 +179,10 @@ MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
   const uintptr_t base = node.base();
   const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
-    for_each_slot_of(base, slot_shift(node.level), node.fanout(), region,
-                     [&](unsigned i, uintptr_t sub) {
-                       add(count_new_nodes(node.slot(i).load(std::memory_order_relaxed), node.level,
-                                           sub, region));
-                     });
+    for_each_slot_of(base, node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t sub) {
+      add(count_new_nodes(node.slot(i).load(std::memory_order_relaxed), node.slot_level(), sub,
+                          region));
+    });
     return count;
   }
   const unsigned parent_level = level_for(std::min(lo, base), std::max(hi, end));
@@ -264,13 +265,13 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
 
 MRC_TABLE void MRC_SELF::insert_into_node(NodeRef node, PgtRegion *region,
                                           NodeReserve &reserve) noexcept {
-  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
-                   [&](unsigned i, uintptr_t sub) {
-                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
-                     const uintptr_t updated = insert_into(old, node.level, sub, region, reserve);
-                     // Release: a node created below is complete before readers can reach it.
-                     if (updated != old) set_slot(node, i, old, updated);
-                   });
+  for_each_slot_of(
+      node.base(), node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t sub) {
+        const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+        const uintptr_t updated = insert_into(old, node.slot_level(), sub, region, reserve);
+        // Release: a node created below is complete before readers can reach it.
+        if (updated != old) set_slot(node, i, old, updated);
+      });
 }
 
 MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
@@ -285,26 +286,35 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
   // not change (the recursion below would pass through them one slot at a time).
   SlotRef at{NodeRef{0, kLevels}, 0, kLevels, 0};
+  SlotRef above = at;  // the slot holding at.owner
   uintptr_t entry = root_.load(std::memory_order_relaxed);
   while (is_node(entry)) {
-    const uintptr_t node = pointer_of(entry);
-    unsigned level;
     uintptr_t base;
-    node_place(entry, at.level, start, level, base);
-    const unsigned shift = slot_shift(level);
+    const NodeRef node = place(entry, at.level, start, base);
+    const unsigned shift = node.shift();
     const uintptr_t index = (start - base) >> shift;
     // start inside the node's block, end - 1 in the same slot.
-    if (start < base || index >= fanout(level) || (end - 1 - base) >> shift != index) break;
-    at = {NodeRef{node, level}, static_cast<unsigned>(index), level, base + (index << shift)};
-    entry = slot_at(node, level, index).load(std::memory_order_relaxed);
+    if (start < base || index >= node.fanout() || (end - 1 - base) >> shift != index) break;
+    above = at;
+    at = {node, static_cast<unsigned>(index), node.slot_level(), base + (index << shift)};
+    entry = node.slot(index).load(std::memory_order_relaxed);
   }
   // The usual cases, without the general recursion: an empty slot, or one holding a single region.
   if (entry == 0) {
     store(at, 0, reinterpret_cast<uintptr_t>(region));
     size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (kFlats && at.owner.flat) update_leafy(at.owner, at.index / kLeafFanout);
     return MRC_OK;
   }
-  if (!is_node(entry)) return insert_beside(at, region_of(entry), region);
+  if (!is_node(entry)) {
+    const mrc_status_t status = insert_beside(at, region_of(entry), region);
+    // A leaf more in a level-1 node.
+    if (kFlats && status == MRC_OK && at.owner.is_inner() && at.owner.level == kFlatLevel &&
+        at.owner.inner()->children >= kFlatFrom) {
+      flatten(above, at.owner);
+    }
+    return status;
+  }
 
   const NodeCount needed = count_new_nodes(entry, at.level, at.block, region);
   if (needed.overlap) return MRC_ERR_EXISTS;
@@ -338,6 +348,11 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   nodes_.store(nodes_.load(std::memory_order_relaxed) + new_nodes, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + new_bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // Level-1 nodes and flat nodes change only where the region's ends are.
+  if (kFlats) {
+    refresh_flat(start);
+    refresh_flat(end - 1);
+  }
   return MRC_OK;
 }
 
@@ -463,12 +478,11 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
     return 0;
   }
   const NodeRef node = node_of(entry);
-  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
-                   [&](unsigned i, uintptr_t) {
-                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
-                     const uintptr_t updated = remove_from(old, node.level, region, unlinked);
-                     if (updated != old) set_slot(node, i, old, updated);
-                   });
+  for_each_slot_of(node.base(), node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t) {
+    const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+    const uintptr_t updated = remove_from(old, node.slot_level(), region, unlinked);
+    if (updated != old) set_slot(node, i, old, updated);
+  });
   return collapse(node, level, entry, unlinked);
 }
 
@@ -477,6 +491,9 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
 // only region, and the node is queued in unlinked.
 MRC_TABLE uintptr_t MRC_SELF::collapse(NodeRef node, unsigned level, uintptr_t entry,
                                        Unlinked &unlinked) noexcept {
+  // A flat node keeps a group of two regions after any removal (kFlatUntil >= 3); it goes back to
+  // a tree in refresh_flat(), never straight to one region.
+  if (node.flat) return entry;
   // Still separating two regions: a child node sees two, and so does a node with another slot.
   unsigned first = 0, last = node.fanout() - 1;
   bool has_child = false;
@@ -535,24 +552,22 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   unsigned depth = 0, split = 0;
   path[0] = {NodeRef{0, kLevels}, 0, root_.load(std::memory_order_relaxed)};
   while (is_node(path[depth].entry)) {
-    const uintptr_t node = pointer_of(path[depth].entry);
-    unsigned level;
     uintptr_t base;
-    node_place(path[depth].entry, path[depth].owner.level, start, level, base);
-    const unsigned shift = slot_shift(level);
+    const NodeRef node = place(path[depth].entry, path[depth].owner.slot_level(), start, base);
+    const unsigned shift = node.shift();
     const uintptr_t index = (start - base) >> shift;
-    if (start < base || index >= fanout(level)) return MRC_ERR_NOT_FOUND;
+    if (start < base || index >= node.fanout()) return MRC_ERR_NOT_FOUND;
     if (split == depth && (end - 1 - base) >> shift == index) ++split;
     MRC_DASSERT(depth < kLevels);
-    path[++depth] = {NodeRef{node, level}, static_cast<unsigned>(index),
-                     slot_at(node, level, index).load(std::memory_order_relaxed)};
+    path[++depth] = {node, static_cast<unsigned>(index),
+                     node.slot(index).load(std::memory_order_relaxed)};
   }
   if (path[depth].entry != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
 
   Unlinked unlinked;
   depth = split;
   uintptr_t entry = path[depth].entry;
-  uintptr_t updated = remove_from(entry, path[depth].owner.level, region, unlinked);
+  uintptr_t updated = remove_from(entry, path[depth].owner.slot_level(), region, unlinked);
   // Stores bottom-up, as the recursion would: a replacement is complete before its parent
   // points to it.
   for (;;) {
@@ -564,18 +579,168 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
     }
     set_slot(step.owner, step.index, entry, updated);
     entry = path[--depth].entry;
-    updated = collapse(step.owner, path[depth].owner.level, entry, unlinked);
+    updated = collapse(step.owner, path[depth].owner.slot_level(), entry, unlinked);
   }
   // Retire only now: every unlinked node's replacement has been stored.
   size_t bytes = 0;
   for (unsigned i = 0; i < unlinked.count; ++i) {
-    bytes += unlinked.nodes[i].level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+    bytes += node_bytes(unlinked.nodes[i]);
     retire(unlinked.nodes[i]);
   }
   nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  // A removal only thins level-1 nodes out; flat nodes may have to go back to a tree.
+  if (kFlats && flats_ != 0) {
+    refresh_flat(start);
+    refresh_flat(end - 1);
+  }
   return MRC_OK;
+}
+
+// ---- flat nodes ---------------------------------------------------------------------------------
+
+// Whether the tree would hold a leaf for group g of a flat node: two regions or more in its slots
+// (a region's entries are consecutive, so two different non-empty entries tell).
+MRC_TABLE bool MRC_SELF::group_is_leafy(NodeRef flat, unsigned group) noexcept {
+  uintptr_t seen = 0;
+  for (unsigned i = group * kLeafFanout; i < (group + 1) * kLeafFanout; ++i) {
+    const uintptr_t entry = flat.slot(i).load(std::memory_order_relaxed);
+    if (entry == 0) continue;
+    if (seen != 0 && entry != seen) return true;
+    seen = entry;
+  }
+  return false;
+}
+
+MRC_TABLE void MRC_SELF::update_leafy(NodeRef flat, unsigned group) noexcept {
+  FlatNode *node = flat.flat_node();
+  const uint64_t bit = uint64_t{1} << (group % 64);
+  const bool was = (node->leafy[group / 64] & bit) != 0;
+  const bool is = group_is_leafy(flat, group);
+  if (was == is) return;
+  node->leafy[group / 64] ^= bit;
+  node->leafy_count = is ? node->leafy_count + 1 : node->leafy_count - 1;
+}
+
+// After a change whose end lies at address: the level-1 node or flat node holding address (if any)
+// becomes flat or goes back to a tree when it crossed its threshold. Allocation failures leave the
+// table as it is (both forms are valid).
+MRC_TABLE void MRC_SELF::refresh_flat(uintptr_t address) noexcept {
+  SlotRef holder{NodeRef{0, kLevels}, 0, kLevels, 0};
+  uintptr_t entry = root_.load(std::memory_order_relaxed);
+  while (is_node(entry)) {
+    uintptr_t base;
+    const NodeRef node = place(entry, holder.level, address, base);
+    if (address < base || address >= node.end()) return;
+    if (node.flat) {
+      update_leafy(node, static_cast<unsigned>((address - base) >> slot_shift(1)));
+      if (node.flat_node()->leafy_count < kFlatUntil) unflatten(holder, node);
+      return;
+    }
+    if (node.level == kFlatLevel) {
+      if (node.inner()->children >= kFlatFrom) flatten(holder, node);
+      return;
+    }
+    if (node.level < kFlatLevel) return;
+    const uintptr_t index = (address - base) >> node.shift();
+    holder = {node, static_cast<unsigned>(index), node.level, base + (index << node.shift())};
+    entry = node.slot(index).load(std::memory_order_relaxed);
+  }
+}
+
+// Replaces the level-1 node held by holder with a flat node: built while private, published by one
+// store, the node and its leaves retired after.
+MRC_TABLE void MRC_SELF::flatten(const SlotRef &holder, NodeRef node) noexcept {
+  void *memory = pool_.allocate(kFlatClass);
+  if (memory == nullptr) return;
+  FlatNode *flat = new (memory) FlatNode();
+  const uintptr_t base = node.base();
+  flat->header = base | kFlatLevel;
+  const InnerNode *inner = node.inner();
+  size_t leaves = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const uintptr_t entry = inner->slots[g].load(std::memory_order_relaxed);
+    std::atomic<uintptr_t> *group = flat->slots + g * kLeafFanout;
+    if (is_node(entry)) {
+      const NodeRef leaf = node_of(entry);
+      MRC_DASSERT(leaf.level == 0);
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        group[i].store(leaf.slot(i).load(std::memory_order_relaxed), std::memory_order_relaxed);
+      }
+      flat->leafy[g / 64] |= uint64_t{1} << (g % 64);
+      ++leaves;
+    } else if (entry != 0) {
+      const PgtRegion *region = region_of(entry);
+      const uintptr_t block = base + (uintptr_t{g} << slot_shift(1));
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        group[i].store(entry_for(region, block + (uintptr_t{i} << kPageShift), 0),
+                       std::memory_order_relaxed);
+      }
+    }
+  }
+  flat->leafy_count = static_cast<uint32_t>(leaves);
+  const NodeRef flat_ref{reinterpret_cast<uintptr_t>(flat), kFlatLevel, true};
+  store(holder, node_entry(node, holder.level), node_entry(flat_ref, holder.level));
+  // Unlinked now: the node and its leaves wait out the readers in the pool.
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const uintptr_t entry = inner->slots[g].load(std::memory_order_relaxed);
+    if (is_node(entry)) retire(node_of(entry));
+  }
+  retire(node);
+  ++flats_;
+  nodes_.store(nodes_.load(std::memory_order_relaxed) - leaves, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + sizeof(FlatNode) - sizeof(InnerNode) -
+                   leaves * sizeof(LeafNode),
+               std::memory_order_relaxed);
+}
+
+// The reverse: a level-1 node with a leaf for each group that holds two regions or more.
+MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept {
+  const FlatNode *node = flat.flat_node();
+  const size_t leaves = node->leafy_count;
+  InnerNode *inner = new_inner();
+  if (inner == nullptr) return;
+  LeafNode *made[kInnerFanout];
+  for (size_t i = 0; i < leaves; ++i) {
+    made[i] = new_leaf();
+    if (made[i] == nullptr) {
+      while (i-- > 0) pool_.release_unpublished(made[i], kLeafClass);
+      pool_.release_unpublished(inner, kInnerClass);
+      return;
+    }
+  }
+  const uintptr_t base = flat.base();
+  inner->header = base | kFlatLevel;
+  const NodeRef inner_ref{reinterpret_cast<uintptr_t>(inner), kFlatLevel};
+  size_t used = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const std::atomic<uintptr_t> *group = node->slots + g * kLeafFanout;
+    if (((node->leafy[g / 64] >> (g % 64)) & 1) != 0) {
+      LeafNode *leaf = made[used++];
+      leaf->header = (base + (uintptr_t{g} << slot_shift(1))) | 0;
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        leaf->slots[i].store(group[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+      }
+      set_slot(inner_ref, g, 0, node_entry(NodeRef{reinterpret_cast<uintptr_t>(leaf), 0}, 1));
+      continue;
+    }
+    for (unsigned i = 0; i < kLeafFanout; ++i) {
+      const uintptr_t entry = group[i].load(std::memory_order_relaxed);
+      if (entry != 0) {  // the group's only region
+        set_slot(inner_ref, g, 0, entry);
+        break;
+      }
+    }
+  }
+  MRC_DASSERT(used == leaves);
+  store(holder, node_entry(flat, holder.level), node_entry(inner_ref, holder.level));
+  retire(flat);
+  --flats_;
+  nodes_.store(nodes_.load(std::memory_order_relaxed) + leaves, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + sizeof(InnerNode) +
+                   leaves * sizeof(LeafNode) - sizeof(FlatNode),
+               std::memory_order_relaxed);
 }
 
 // ---- invariants (tests) -------------------------------------------------------------------------
@@ -606,7 +771,7 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
   if ((base & (block_size(node.level + 1) - 1)) != 0) return false;
   if (base < block || node.end() > block + block_size(level)) return false;
   ++census.nodes;
-  census.bytes += node.level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+  census.bytes += node_bytes(node);
   unsigned used = 0, children = 0;
   const PgtRegion *only = nullptr;
   bool several = false;
@@ -621,11 +786,22 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
       if (only != nullptr && region_of(e) != only) several = true;
       only = region_of(e);
     }
-    if (!check_entry(e, node.level, base + (uintptr_t{i} << slot_shift(node.level)), census)) {
+    if (!check_entry(e, node.slot_level(), base + (uintptr_t{i} << node.shift()), census)) {
       return false;
     }
   }
-  if (node.level != 0) {
+  if (node.flat) {
+    // The groups' marks are right, and there are enough of them (else it would be a tree).
+    const FlatNode *flat = node.flat_node();
+    unsigned marked = 0;
+    for (unsigned g = 0; g < kInnerFanout; ++g) {
+      const bool bit = ((flat->leafy[g / 64] >> (g % 64)) & 1) != 0;
+      if (bit != group_is_leafy(node, g)) return false;
+      marked += bit;
+    }
+    if (marked != flat->leafy_count || marked < kFlatUntil) return false;
+  }
+  if (node.is_inner()) {
     const InnerNode *inner = node.inner();
     unsigned marked = 0;
     for (unsigned i = 0; i < node.fanout(); ++i) {
@@ -634,6 +810,7 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
       marked += bit;
     }
     if (marked != used || children != inner->children) return false;
+    if (kFlats && node.level == kFlatLevel && children >= kFlatFrom) return false;  // flat by now
   }
   return used >= 2 && several;  // canonical: a node separates at least two regions
 }

@@ -144,6 +144,8 @@ class RadixPageTable {
   size_t memory_bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   size_t node_count() const noexcept { return nodes_.load(std::memory_order_relaxed); }
   EpochDomain &domain() const noexcept { return domain_; }
+  // Writer: flat nodes in the table (see kFlats), for tests and statistics.
+  size_t flat_count() const noexcept { return flats_; }
   // Writer: the node pool (free and waiting nodes, chunks mapped), for tests and statistics.
   const NodePool &pool() const noexcept { return pool_; }
 
@@ -166,13 +168,29 @@ class RadixPageTable {
   static_assert(slot_shift(kLevels) < 64, "the root slot's block must fit in an address");
 
  private:
+  // Entry tags: 00 region (or 0), 01 node, 11 node below skipped levels, 10 flat node.
   static constexpr uintptr_t kNodeTag = 1;
   static constexpr uintptr_t kSkipTag = 2;
+  static constexpr uintptr_t kFlatTag = 2;
   static constexpr uintptr_t kTagMask = kNodeTag | kSkipTag;
   // A header's low bits hold the node's level; its block is aligned far beyond them.
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
-  static constexpr unsigned kLeafClass = 0, kInnerClass = 1;
+  static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
+
+  // Flat nodes: a level-1 node and its leaves as one array of page slots, used where the level-1
+  // node has nearly every slot split into a leaf (densely packed small regions). The array is then
+  // no bigger than the node and its leaves, and a lookup takes one load where it took two. Only for
+  // shapes whose flat node stays small (PageTable: 2048 slots, 16 KiB).
+  static constexpr bool kFlats = kInnerBits + kLeafBits <= 11;
+  static constexpr unsigned kFlatLevel = 1;  // a flat node covers a level-1 node's block
+  static constexpr unsigned kFlatFanout = kFlats ? 1u << (kInnerBits + kLeafBits) : 1;
+  // Hysteresis: a level-1 node with kFlatFrom leaves becomes flat; a flat node back to a tree when
+  // fewer than kFlatUntil of its groups (kLeafFanout slots) hold two regions or more.
+  static constexpr unsigned kFlatFrom = kInnerFanout - kInnerFanout / 16;
+  static constexpr unsigned kFlatUntil = kInnerFanout - kInnerFanout / 4;
+  // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
+  static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
 
   // Header first, then the slots at the same offset in both kinds, so that a slot's address does
   // not depend on the kind of node. 8-aligned, sized exactly (the pool carves them back to back).
@@ -187,23 +205,43 @@ class RadixPageTable {
     uint64_t occupied[(kInnerFanout + 63) / 64];
     uint16_t children;
   };
+  struct FlatNode {
+    uintptr_t header;  // base | kFlatLevel
+    std::atomic<uintptr_t> slots[kFlatFanout];
+    // Writer only: which groups of kLeafFanout slots hold two regions or more (where the tree
+    // has a leaf), and how many.
+    uint64_t leafy[(kInnerFanout + 63) / 64];
+    uint32_t leafy_count;
+  };
   static_assert(offsetof(LeafNode, slots) == sizeof(uintptr_t) &&
-                offsetof(InnerNode, slots) == sizeof(uintptr_t));
+                offsetof(InnerNode, slots) == sizeof(uintptr_t) &&
+                offsetof(FlatNode, slots) == sizeof(uintptr_t));
   static constexpr uintptr_t kSlotsOffset = sizeof(uintptr_t);
 
-  // A node as the writer handles it: its address and its level (0: LeafNode, else InnerNode).
+  // A node as the writer handles it: its address, its level (the level whose block it covers) and
+  // its kind (level 0: LeafNode; flat: FlatNode, at kFlatLevel with slots of one page; else
+  // InnerNode).
   struct NodeRef {
     uintptr_t ptr;
     unsigned level;
+    bool flat = false;
     LeafNode *leaf() const { return reinterpret_cast<LeafNode *>(ptr); }
     InnerNode *inner() const { return reinterpret_cast<InnerNode *>(ptr); }
-    std::atomic<uintptr_t> &slot(unsigned i) const {
-      std::atomic<uintptr_t> *slots = level == 0 ? leaf()->slots : inner()->slots;
+    FlatNode *flat_node() const { return reinterpret_cast<FlatNode *>(ptr); }
+    bool is_inner() const { return level != 0 && !flat; }
+    std::atomic<uintptr_t> &slot(uintptr_t i) const {
+      std::atomic<uintptr_t> *slots = level == 0 ? leaf()->slots
+                                      : flat     ? flat_node()->slots
+                                                 : inner()->slots;
       return slots[i];
     }
+    // The level of the slots inside.
+    unsigned slot_level() const { return flat ? 0 : level; }
+    unsigned shift() const { return slot_shift(slot_level()); }
+    uintptr_t slot_size() const { return block_size(slot_level()); }
     uintptr_t base() const { return header_of(ptr) & ~kLevelMask; }
     uintptr_t end() const { return base() + block_size(level + 1); }
-    unsigned fanout() const { return RadixPageTable::fanout(level); }
+    unsigned fanout() const { return flat ? kFlatFanout : RadixPageTable::fanout(level); }
   };
 
   // Nodes one insert() needs, allocated before the table changes: at most two new nodes per slot
@@ -230,18 +268,25 @@ class RadixPageTable {
     unsigned count = 0;
   };
 
-  static bool is_node(uintptr_t entry) { return (entry & kNodeTag) != 0; }
+  // Any kind of node (the writer's and the walks' view); lookup() follows kNodeTag itself.
+  static bool is_node(uintptr_t entry) { return (entry & kTagMask) != 0; }
+  static bool is_flat(uintptr_t entry) { return (entry & kTagMask) == kFlatTag; }
   static uintptr_t pointer_of(uintptr_t entry) { return entry & ~kTagMask; }
   // Both kinds start with the header word.
   static uintptr_t header_of(uintptr_t node) { return *reinterpret_cast<const uintptr_t *>(node); }
   static unsigned level_in(uintptr_t header) { return static_cast<unsigned>(header & kLevelMask); }
   static NodeRef node_of(uintptr_t entry) {
     const uintptr_t ptr = pointer_of(entry);
+    if (is_flat(entry)) return {ptr, kFlatLevel, true};
     return {ptr, level_in(header_of(ptr))};
   }
   static PgtRegion *region_of(uintptr_t entry) { return reinterpret_cast<PgtRegion *>(entry); }
   static uintptr_t node_entry(NodeRef node, unsigned slot_level) {
+    if (node.flat) return node.ptr | kFlatTag;  // read with its prefix checked, wherever it sits
     return node.ptr | kNodeTag | (node.level + 1 == slot_level ? 0 : kSkipTag);
+  }
+  static size_t node_bytes(NodeRef node) {
+    return node.level == 0 ? sizeof(LeafNode) : node.flat ? sizeof(FlatNode) : sizeof(InnerNode);
   }
   // Both kinds keep their slots at kSlotsOffset, so the choice folds away; indexing through the
   // decayed pointer keeps -fsanitize=bounds from checking the index against the other kind.
@@ -256,6 +301,13 @@ class RadixPageTable {
   [[nodiscard]] LeafNode *new_leaf() noexcept;
   [[nodiscard]] InnerNode *new_inner() noexcept;
   void retire(NodeRef node) noexcept;
+  void refresh_flat(uintptr_t address) noexcept;
+  void update_leafy(NodeRef flat, unsigned group) noexcept;
+  static bool group_is_leafy(NodeRef flat, unsigned group) noexcept;
+  void flatten(const SlotRef &holder, NodeRef node) noexcept;
+  void unflatten(const SlotRef &holder, NodeRef flat) noexcept;
+  static NodeRef place(uintptr_t entry, unsigned slot_level, uintptr_t address,
+                       uintptr_t &base) noexcept;
   void set_root(uintptr_t entry) noexcept;
 
   template <class Visit>
@@ -266,8 +318,6 @@ class RadixPageTable {
   static void nodes_below(uintptr_t entry, Fn &fn);
 
   static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
-  static void node_place(uintptr_t entry, unsigned slot_level, uintptr_t address, unsigned &level,
-                         uintptr_t &base) noexcept;
   void store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept;
   NodeCount count_new_nodes(uintptr_t entry, unsigned level, uintptr_t block,
                             const PgtRegion *region) const noexcept;
@@ -294,45 +344,62 @@ class RadixPageTable {
   std::atomic<size_t> bytes_{0};
   EpochDomain &domain_;
   NodePool pool_;
+  size_t flats_ = 0;  // writer only: flat nodes in the table
 };
 
 // ---- inline reader paths ------------------------------------------------------------------------
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t address) const noexcept {
-  if (__builtin_expect(address >= kAddressLimit, 0)) return nullptr;
+  // No test of kAddressLimit: a wider address may index a slot (the top node's index wraps), but
+  // never passes the bounds check of what it finds.
   uintptr_t entry = root_.load(std::memory_order_acquire);
-  if (is_node(entry)) {
-    uintptr_t node = pointer_of(entry);
-    // A guess of the root node's level (checked against its header below) lets the first index
-    // be computed while root_ and the header are still loading.
-    unsigned level = root_level_.load(std::memory_order_relaxed);
-    const uintptr_t header = header_of(node);
-    // Opaque to the compiler, which would otherwise use the header's level on both paths.
-    bool stale = level != level_in(header);
-    __asm__("" : "+r"(stale));
-    if (__builtin_expect(stale, 0)) {
-      level = level_in(header);
-      __asm__ volatile("");  // keeps this a branch: a cmov would make the index wait for the header
+  if ((entry & kTagMask) != 0) {
+    if ((entry & kNodeTag) != 0) {
+      uintptr_t node = pointer_of(entry);
+      // A guess of the root node's level (checked against its header below) lets the first index
+      // be computed while root_ and the header are still loading.
+      unsigned level = root_level_.load(std::memory_order_relaxed);
+      const uintptr_t header = header_of(node);
+      // Opaque to the compiler, which would otherwise use the header's level on both paths.
+      bool stale = level != level_in(header);
+      __asm__("" : "+r"(stale));
+      if (__builtin_expect(stale, 0)) {
+        level = level_in(header);
+        __asm__ volatile("");  // keeps this a branch: a cmov would make the index wait for it
+      }
+      // The root covers its block only (unless it is the top node, whose block is everything).
+      if (((address ^ header) >> slot_shift(level + 1)) != 0) return nullptr;
+      for (;;) {
+        const uintptr_t index = (address >> slot_shift(level)) & (fanout(level) - 1);
+        entry = slot_at(node, level, index).load(std::memory_order_acquire);
+        if ((entry & kNodeTag) == 0) break;  // leaves hold no node: at most kLevels iterations
+        if (__builtin_expect((entry & kSkipTag) == 0, 1)) {
+          // The usual case, taken as predicted: the next slot's address is the loaded word plus a
+          // constant and an index computed from the address alone, so the next load issues at
+          // once.
+          node = entry - kNodeTag;
+          --level;
+        } else {
+          // A path-compressed child covers only part of the slot: its level and prefix are in its
+          // header.
+          node = entry - kTagMask;
+          const uintptr_t child_header = header_of(node);
+          level = level_in(child_header);
+          if (((address ^ child_header) >> slot_shift(level + 1)) != 0) return nullptr;
+        }
+      }
     }
-    // The root covers its block only (unless it is the top node, whose block is everything).
-    if (((address ^ header) >> slot_shift(level + 1)) != 0) return nullptr;
-    for (;;) {
-      const uintptr_t index = (address >> slot_shift(level)) & (fanout(level) - 1);
-      entry = slot_at(node, level, index).load(std::memory_order_acquire);
-      if (!is_node(entry)) break;  // leaves hold no node: at most kLevels iterations
-      if (__builtin_expect((entry & kSkipTag) == 0, 1)) {
-        // The usual case, taken as predicted: the next slot's address is the loaded word plus a
-        // constant and an index computed from the address alone, so the next load issues at once.
-        node = entry - kNodeTag;
-        --level;
-      } else {
-        // A path-compressed child covers only part of the slot: its level and prefix are in its
-        // header.
-        node = entry - kTagMask;
-        const uintptr_t child_header = header_of(node);
-        level = level_in(child_header);
-        if (((address ^ child_header) >> slot_shift(level + 1)) != 0) return nullptr;
+    if constexpr (kFlats) {
+      // A flat node ends the descent (the branch follows the table's shape, so it predicts well):
+      // the page's slot is at a constant offset from the loaded word and an index from the
+      // address. The prefix check loads the header, but is a branch off the path to the slot.
+      if ((entry & kFlatTag) != 0) {
+        const uintptr_t flat = entry - kFlatTag;
+        if (((address ^ header_of(flat)) >> slot_shift(kFlatLevel + 1)) != 0) return nullptr;
+        entry = reinterpret_cast<const FlatNode *>(flat)
+                    ->slots[(address >> kPageShift) & (kFlatFanout - 1)]
+                    .load(std::memory_order_acquire);
       }
     }
   }
@@ -363,11 +430,11 @@ bool RadixPageTable<kInnerBits, kLeafBits>::walk_range(uintptr_t entry, uintptr_
   const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   if (node.end() <= cursor || base >= to) return true;
-  const unsigned shift = slot_shift(node.level);
+  const unsigned shift = node.shift();
   for (uintptr_t i = cursor > base ? (cursor - base) >> shift : 0; i < node.fanout(); ++i) {
     const uintptr_t block = base + (i << shift);
     if (block >= to) break;
-    if (block + block_size(node.level) <= cursor) continue;  // a region visited already covers it
+    if (block + node.slot_size() <= cursor) continue;  // a region visited already covers it
     const uintptr_t child = node.slot(static_cast<unsigned>(i)).load(std::memory_order_acquire);
     if (!walk_range(child, cursor, to, visit)) return false;
   }
@@ -414,6 +481,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   size_.store(0, std::memory_order_relaxed);
   nodes_.store(0, std::memory_order_relaxed);
   bytes_.store(0, std::memory_order_relaxed);
+  flats_ = 0;
   const PgtRegion *last = nullptr;
   purge_walk(root, last, on_region);
   pool_.flush();
