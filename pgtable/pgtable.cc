@@ -695,10 +695,16 @@ MRC_TABLE void MRC_SELF::flatten(const SlotRef &holder, NodeRef node) noexcept {
                std::memory_order_relaxed);
 }
 
-// The reverse: a level-1 node with a leaf for each group that holds two regions or more.
+// The reverse: a level-1 node with a leaf for each group that holds two regions or more. The
+// groups are looked at afresh: the marks of a change's other end may not be updated yet.
 MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept {
   const FlatNode *node = flat.flat_node();
-  const size_t leaves = node->leafy_count;
+  bool leafy[kInnerFanout];
+  size_t leaves = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    leafy[g] = group_is_leafy(flat, g);
+    leaves += leafy[g];
+  }
   InnerNode *inner = new_inner();
   if (inner == nullptr) return;
   LeafNode *made[kInnerFanout];
@@ -716,7 +722,7 @@ MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept
   size_t used = 0;
   for (unsigned g = 0; g < kInnerFanout; ++g) {
     const std::atomic<uintptr_t> *group = node->slots + g * kLeafFanout;
-    if (((node->leafy[g / 64] >> (g % 64)) & 1) != 0) {
+    if (leafy[g]) {
       LeafNode *leaf = made[used++];
       leaf->header = (base + (uintptr_t{g} << slot_shift(1))) | 0;
       for (unsigned i = 0; i < kLeafFanout; ++i) {

@@ -109,6 +109,20 @@ class RadixPageTable {
   static constexpr unsigned kLevels =
       1 + (kAddressBits - kPageShift - kLeafBits + kInnerBits - 1) / kInnerBits;
 
+  // Flat nodes: a level-1 node and its leaves as one array of page slots, used where the level-1
+  // node has nearly every slot split into a leaf (densely packed small regions). The array is then
+  // no bigger than the node and its leaves, and a lookup takes one load where it took two. Only for
+  // shapes whose flat node stays small (PageTable: 2048 slots, 16 KiB).
+  static constexpr bool kFlats = kInnerBits + kLeafBits <= 11;
+  static constexpr unsigned kFlatLevel = 1;  // a flat node covers a level-1 node's block
+  static constexpr unsigned kFlatFanout = kFlats ? 1u << (kInnerBits + kLeafBits) : 1;
+  // Hysteresis: a level-1 node with kFlatFrom leaves becomes flat; a flat node back to a tree when
+  // fewer than kFlatUntil of its groups (kLeafFanout slots) hold two regions or more.
+  static constexpr unsigned kFlatFrom = kInnerFanout - kInnerFanout / 16;
+  static constexpr unsigned kFlatUntil = kInnerFanout - kInnerFanout / 4;
+  // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
+  static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
+
   explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept;
   // REQUIRES: no reader is inside a lookup. Releases the nodes; the regions stay the caller's.
   ~RadixPageTable() = default;
@@ -177,20 +191,6 @@ class RadixPageTable {
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
   static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
-
-  // Flat nodes: a level-1 node and its leaves as one array of page slots, used where the level-1
-  // node has nearly every slot split into a leaf (densely packed small regions). The array is then
-  // no bigger than the node and its leaves, and a lookup takes one load where it took two. Only for
-  // shapes whose flat node stays small (PageTable: 2048 slots, 16 KiB).
-  static constexpr bool kFlats = kInnerBits + kLeafBits <= 11;
-  static constexpr unsigned kFlatLevel = 1;  // a flat node covers a level-1 node's block
-  static constexpr unsigned kFlatFanout = kFlats ? 1u << (kInnerBits + kLeafBits) : 1;
-  // Hysteresis: a level-1 node with kFlatFrom leaves becomes flat; a flat node back to a tree when
-  // fewer than kFlatUntil of its groups (kLeafFanout slots) hold two regions or more.
-  static constexpr unsigned kFlatFrom = kInnerFanout - kInnerFanout / 16;
-  static constexpr unsigned kFlatUntil = kInnerFanout - kInnerFanout / 4;
-  // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
-  static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
 
   // Header first, then the slots at the same offset in both kinds, so that a slot's address does
   // not depend on the kind of node. 8-aligned, sized exactly (the pool carves them back to back).
