@@ -262,6 +262,7 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
   std::atomic<uint64_t> completed{0};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> failures{0}, stale{0}, reclaimed{0}, lookups{0};
+  std::atomic<uint64_t> lookups_seen{0};  // while running, in steps of 1024
   auto reader = [&](uint64_t seed) {
     std::mt19937_64 rng(seed);
     uint64_t count = 0;
@@ -271,7 +272,7 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
       const unsigned g = static_cast<unsigned>(rng() % kGroups);
       const uintptr_t address = kBlocks + g * kGroup + rng() % kGroup;
       PgtRegion *found = table_.lookup(address);
-      ++count;
+      if (++count % 1024 == 0) lookups_seen.fetch_add(1024, std::memory_order_relaxed);
       if (address < kBlocks + g * kGroup + kPage && found != anchors[g].get())
         failures.fetch_add(1);
       if (found == nullptr) continue;
@@ -300,7 +301,12 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
 #else
   constexpr int kCycles = 40;
 #endif
-  for (int cycle = 0; cycle < kCycles; ++cycle) {
+  // At least kCycles, and until the readers have really run alongside (on a loaded machine they
+  // may start late); a deadline keeps a starved run bounded.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int cycle = 0; cycle < kCycles || (lookups_seen.load(std::memory_order_relaxed) < 20'000 &&
+                                          std::chrono::steady_clock::now() < deadline);
+       ++cycle) {
     const unsigned block = cycle % 2;
     std::vector<TestRegion *> added;
     for (unsigned g = block * PageTable::kInnerFanout; g < (block + 1) * PageTable::kInnerFanout;
