@@ -563,6 +563,7 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
                      node.slot(index).load(std::memory_order_relaxed)};
   }
   if (path[depth].entry != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
+  const unsigned deepest = depth;
 
   Unlinked unlinked;
   depth = split;
@@ -590,10 +591,26 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-  // A removal only thins level-1 nodes out; flat nodes may have to go back to a tree.
+  // A removal only thins level-1 nodes out; flat nodes may have to go back to a tree. A flat node
+  // never collapses, so one on the descent's path still sits in the slot above it.
   if (kFlats && flats_ != 0) {
-    refresh_flat(start);
-    refresh_flat(end - 1);
+    unsigned at = 1;
+    while (at <= deepest && !path[at].owner.flat) ++at;
+    if (at <= deepest && start >= path[at].owner.base() && end <= path[at].owner.end()) {
+      const NodeRef flat = path[at].owner;
+      const uintptr_t base = flat.base();
+      const auto first = static_cast<unsigned>((start - base) >> slot_shift(1));
+      const auto last = static_cast<unsigned>((end - 1 - base) >> slot_shift(1));
+      update_leafy(flat, first);
+      if (last != first) update_leafy(flat, last);
+      if (flat.flat_node()->leafy_count < kFlatUntil) {
+        unflatten({path[at - 1].owner, path[at - 1].index, path[at - 1].owner.slot_level(), 0},
+                  flat);
+      }
+    } else {
+      refresh_flat(start);
+      refresh_flat(end - 1);
+    }
   }
   return MRC_OK;
 }

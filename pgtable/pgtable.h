@@ -221,10 +221,15 @@ class RadixPageTable {
   // A node as the writer handles it: its address, its level (the level whose block it covers) and
   // its kind (level 0: LeafNode; flat: FlatNode, at kFlatLevel with slots of one page; else
   // InnerNode).
+  // A trivial default constructor: arrays of them (a removal's path and unlinked nodes) cost
+  // nothing to set up.
   struct NodeRef {
+    NodeRef() = default;
+    constexpr NodeRef(uintptr_t address, unsigned node_level, bool is_flat = false)
+        : ptr(address), level(node_level), flat(is_flat) {}
     uintptr_t ptr;
     unsigned level;
-    bool flat = false;
+    bool flat;
     LeafNode *leaf() const { return reinterpret_cast<LeafNode *>(ptr); }
     InnerNode *inner() const { return reinterpret_cast<InnerNode *>(ptr); }
     FlatNode *flat_node() const { return reinterpret_cast<FlatNode *>(ptr); }
