@@ -26,71 +26,68 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
   }
 }
 
-template <class Node, size_t kAlign>
-Node *allocate_node(uintptr_t base) noexcept {
-  void *memory = ::operator new (sizeof(Node), std::align_val_t{kAlign}, std::nothrow);
-  if (memory == nullptr) return nullptr;
-  Node *node = new (memory) Node();  // value-initialised: every slot empty
-  node->base = base;
-  return node;
-}
-
-template <class Node, size_t kAlign>
-void free_node(Node *node) noexcept {
-  node->~Node();
-  ::operator delete (node, std::align_val_t{kAlign});
-}
-
 }  // namespace
 
 #define MRC_TABLE template <unsigned kInnerBits, unsigned kLeafBits>
 #define MRC_SELF RadixPageTable<kInnerBits, kLeafBits>
 
-MRC_TABLE MRC_SELF::~RadixPageTable() {
-  free_subtree(root_.load(std::memory_order_relaxed), kLevels);
+MRC_TABLE MRC_SELF::RadixPageTable(EpochDomain &domain) noexcept
+    : domain_(domain), pool_(domain, {sizeof(LeafNode), sizeof(InnerNode), sizeof(FlatNode)}) {}
+
+// A node from the pool with every slot empty. Pool memory is zero when fresh, and a recycled node
+// is as the table left it when it retired the node (node_pool.h), so only the slots that held
+// something need clearing: all 16 of a leaf, the occupied ones of an inner node. Under
+// ThreadSanitizer the whole node is re-created with plain stores instead, so that reusing a node
+// under a live reader would be reported as a data race.
+MRC_TABLE typename MRC_SELF::LeafNode *MRC_SELF::new_leaf() noexcept {
+  void *memory = pool_.allocate(kLeafClass);
+  if (memory == nullptr) return nullptr;
+#if defined(MRC_TSAN)
+  return new (memory) LeafNode();
+#else
+  LeafNode *leaf = std::launder(static_cast<LeafNode *>(memory));
+  for (std::atomic<uintptr_t> &slot : leaf->slots) slot.store(0, std::memory_order_relaxed);
+  return leaf;
+#endif
 }
 
-MRC_TABLE void MRC_SELF::free_subtree(uintptr_t entry, unsigned slot_level) noexcept {
-  if (!is_node(entry)) return;
-  const NodeRef node = node_of(entry, slot_level);
-  for (unsigned i = 0; i < node.fanout(); ++i) {
-    free_subtree(node.slot(i).load(std::memory_order_relaxed), node.level);
+MRC_TABLE typename MRC_SELF::InnerNode *MRC_SELF::new_inner() noexcept {
+  void *memory = pool_.allocate(kInnerClass);
+  if (memory == nullptr) return nullptr;
+#if defined(MRC_TSAN)
+  return new (memory) InnerNode();
+#else
+  InnerNode *inner = std::launder(static_cast<InnerNode *>(memory));
+  for (unsigned w = 0; w < std::size(inner->occupied); ++w) {
+    for (uint64_t bits = inner->occupied[w]; bits != 0; bits &= bits - 1) {
+      inner->slots[64 * w + static_cast<unsigned>(std::countr_zero(bits))].store(
+          0, std::memory_order_relaxed);
+    }
+    inner->occupied[w] = 0;
   }
-  if (node.level == 0) {
-    free_leaf(node.leaf());
-  } else {
-    free_inner(node.inner());
-  }
-}
-
-MRC_TABLE void MRC_SELF::free_leaf(void *node) noexcept {
-  free_node<LeafNode, kNodeAlign>(static_cast<LeafNode *>(node));
-}
-
-MRC_TABLE void MRC_SELF::free_inner(void *node) noexcept {
-  free_node<InnerNode, kNodeAlign>(static_cast<InnerNode *>(node));
+  inner->children = 0;
+  return inner;
+#endif
 }
 
 MRC_TABLE void MRC_SELF::retire(NodeRef node) noexcept {
-  if (node.level == 0) {
-    domain_.retire(node.leaf(), &free_leaf);
-  } else {
-    domain_.retire(node.inner(), &free_inner);
-  }
+  pool_.retire(reinterpret_cast<void *>(node.ptr), node.level == 0 ? kLeafClass
+                                                   : node.flat     ? kFlatClass
+                                                                   : kInnerClass);
 }
 
 MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
   root_.store(entry, std::memory_order_release);
-  // Only a hint for lookup(), which checks it against the tag: relaxed is enough.
-  if (is_node(entry)) root_level_.store(level_of(entry, kLevels), std::memory_order_relaxed);
+  // Only a hint for lookup(), which checks it against the header: relaxed is enough.
+  if (is_node(entry)) root_level_.store(node_of(entry).level, std::memory_order_relaxed);
 }
 
 // Every writer store into a node goes through here, to keep the inner nodes' counts. Release: a
 // node stored here is complete before a reader can reach it (for a node still private the ordering
 // is not needed, and on x86 costs nothing).
-MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
-                                  uintptr_t updated) noexcept {
-  if (node.level != 0) {
+MRC_TABLE inline void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
+                                         uintptr_t updated) noexcept {
+  if (node.is_inner()) {
     InnerNode *inner = node.inner();
     const uint64_t bit = uint64_t{1} << (index % 64);
     inner->occupied[index / 64] =
@@ -100,14 +97,36 @@ MRC_TABLE void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
   node.slot(index).store(updated, std::memory_order_release);
 }
 
+MRC_TABLE inline void MRC_SELF::store(const SlotRef &at, uintptr_t old,
+                                      uintptr_t updated) noexcept {
+  if (at.owner.ptr == 0) {
+    set_root(updated);
+  } else {
+    set_slot(at.owner, at.index, old, updated);
+  }
+}
+
+// The node `entry` points to, read from a slot at slot_level whose block holds address, and the
+// first address of the node's block. Without skipped levels both follow from the slot, and the
+// node's header (another cache line) is not read.
+MRC_TABLE inline typename MRC_SELF::NodeRef MRC_SELF::place(uintptr_t entry, unsigned slot_level,
+                                                            uintptr_t address,
+                                                            uintptr_t &base) noexcept {
+  if ((entry & kTagMask) == kNodeTag) {
+    base = address & ~(block_size(slot_level) - 1);
+    return {pointer_of(entry), slot_level - 1};
+  }
+  const NodeRef node = node_of(entry);
+  base = node.base();
+  return node;
+}
+
 // The entry a slot at `level` covering `block` holds for region when region is the only one there:
-// 0 (disjoint), the region (covers the block) or the region tagged partial.
+// 0 (disjoint) or the region.
 MRC_TABLE uintptr_t MRC_SELF::entry_for(const PgtRegion *region, uintptr_t block, unsigned level) {
   const uintptr_t end = block + block_size(level);
   if (region->end <= block || region->start >= end) return 0;
-  uintptr_t entry = reinterpret_cast<uintptr_t>(region);
-  if (region->start > block || region->end < end) entry |= kPartialTag;
-  return entry;
+  return reinterpret_cast<uintptr_t>(region);
 }
 
 // The level of the lowest node whose aligned block holds both lo and hi - 1 (which lie in different
@@ -156,15 +175,14 @@ MRC_TABLE typename MRC_SELF::NodeCount MRC_SELF::count_new_nodes(
         });
     return count;
   }
-  const NodeRef node = node_of(entry, level);
+  const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
-    for_each_slot_of(base, slot_shift(node.level), node.fanout(), region,
-                     [&](unsigned i, uintptr_t sub) {
-                       add(count_new_nodes(node.slot(i).load(std::memory_order_relaxed), node.level,
-                                           sub, region));
-                     });
+    for_each_slot_of(base, node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t sub) {
+      add(count_new_nodes(node.slot(i).load(std::memory_order_relaxed), node.slot_level(), sub,
+                          region));
+    });
     return count;
   }
   const unsigned parent_level = level_for(std::min(lo, base), std::max(hi, end));
@@ -191,19 +209,19 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
     MRC_DASSERT(entry == 0);  // overlaps were rejected
     return reinterpret_cast<uintptr_t>(region);
   }
-  if (entry == 0) return reinterpret_cast<uintptr_t>(region) | kPartialTag;
+  if (entry == 0) return reinterpret_cast<uintptr_t>(region);
 
   auto take = [&reserve](unsigned node_level, uintptr_t base) {
     NodeRef node{0, node_level};
     if (node_level == 0) {
       MRC_CHECK(reserve.leaf_count > 0);  // count_new_nodes() and insert_into() disagree
       LeafNode *leaf = reserve.leaves[--reserve.leaf_count];
-      leaf->base = base;
+      leaf->header = base | node_level;
       node.ptr = reinterpret_cast<uintptr_t>(leaf);
     } else {
       MRC_CHECK(reserve.inner_count > 0);
       InnerNode *inner = reserve.inner[--reserve.inner_count];
-      inner->base = base;
+      inner->header = base | node_level;
       node.ptr = reinterpret_cast<uintptr_t>(inner);
     }
     return node;
@@ -212,7 +230,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
   if (!is_node(entry)) {
     // The slot's only region meets a second one: a node at the level where they part.
     const PgtRegion *other = region_of(entry);
-    MRC_DASSERT((entry & kPartialTag) != 0);
+    MRC_DASSERT(other->start > block || other->end < block_end);  // else an overlap
     const uintptr_t other_lo = std::max(other->start, block);
     const uintptr_t other_hi = std::min(other->end, block_end);
     const unsigned node_level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
@@ -227,7 +245,7 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
     return node_entry(node, level);
   }
 
-  const NodeRef node = node_of(entry, level);
+  const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   const uintptr_t end = node.end();
   if (lo >= base && hi <= end) {
@@ -247,13 +265,13 @@ MRC_TABLE uintptr_t MRC_SELF::insert_into(uintptr_t entry, unsigned level, uintp
 
 MRC_TABLE void MRC_SELF::insert_into_node(NodeRef node, PgtRegion *region,
                                           NodeReserve &reserve) noexcept {
-  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
-                   [&](unsigned i, uintptr_t sub) {
-                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
-                     const uintptr_t updated = insert_into(old, node.level, sub, region, reserve);
-                     // Release: a node created below is complete before readers can reach it.
-                     if (updated != old) set_slot(node, i, old, updated);
-                   });
+  for_each_slot_of(
+      node.base(), node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t sub) {
+        const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+        const uintptr_t updated = insert_into(old, node.slot_level(), sub, region, reserve);
+        // Release: a node created below is complete before readers can reach it.
+        if (updated != old) set_slot(node, i, old, updated);
+      });
 }
 
 MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
@@ -263,38 +281,189 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   if (((start | end) & (kPageSize - 1)) != 0 || start >= end || end > kAddressLimit) {
     return MRC_ERR_INVALID;
   }
-  if ((reinterpret_cast<uintptr_t>(region) & (kNodeTag | kPartialTag)) != 0) return MRC_ERR_INVALID;
+  if ((reinterpret_cast<uintptr_t>(region) & kTagMask) != 0) return MRC_ERR_INVALID;
 
-  const uintptr_t root = root_.load(std::memory_order_relaxed);
-  const NodeCount needed = count_new_nodes(root, kLevels, 0, region);
+  // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
+  // not change (the recursion below would pass through them one slot at a time).
+  SlotRef at{NodeRef{0, kLevels}, 0, kLevels, 0};
+  SlotRef above = at;  // the slot holding at.owner
+  uintptr_t entry = root_.load(std::memory_order_relaxed);
+  while (is_node(entry)) {
+    uintptr_t base;
+    const NodeRef node = place(entry, at.level, start, base);
+    const unsigned shift = node.shift();
+    const uintptr_t index = (start - base) >> shift;
+    // start inside the node's block, end - 1 in the same slot.
+    if (start < base || index >= node.fanout() || (end - 1 - base) >> shift != index) break;
+    above = at;
+    at = {node, static_cast<unsigned>(index), node.slot_level(), base + (index << shift)};
+    entry = node.slot(index).load(std::memory_order_relaxed);
+  }
+  // The usual cases, without the general recursion: an empty slot, or one holding a single region.
+  if (entry == 0) {
+    store(at, 0, reinterpret_cast<uintptr_t>(region));
+    size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (kFlats && at.owner.flat) update_leafy(at.owner, at.index / kLeafFanout);
+    return MRC_OK;
+  }
+  if (!is_node(entry)) {
+    const mrc_status_t status = insert_beside(at, region_of(entry), region);
+    // A leaf more in a level-1 node.
+    if (kFlats && status == MRC_OK && at.owner.is_inner() && at.owner.level == kFlatLevel &&
+        at.owner.inner()->children >= kFlatFrom) {
+      flatten(above, at.owner);
+    }
+    return status;
+  }
+
+  const NodeCount needed = count_new_nodes(entry, at.level, at.block, region);
   if (needed.overlap) return MRC_ERR_EXISTS;
   NodeReserve reserve;
   MRC_CHECK(needed.leaves <= std::size(reserve.leaves) && needed.inner <= std::size(reserve.inner));
   bool allocated = true;
   while (allocated && reserve.leaf_count < needed.leaves) {
-    LeafNode *leaf = allocate_node<LeafNode, kNodeAlign>(0);
+    LeafNode *leaf = new_leaf();
     allocated = leaf != nullptr;
     if (allocated) reserve.leaves[reserve.leaf_count++] = leaf;
   }
   while (allocated && reserve.inner_count < needed.inner) {
-    InnerNode *inner = allocate_node<InnerNode, kNodeAlign>(0);
+    InnerNode *inner = new_inner();
     allocated = inner != nullptr;
     if (allocated) reserve.inner[reserve.inner_count++] = inner;
   }
   if (!allocated) {
-    while (reserve.leaf_count > 0) free_leaf(reserve.leaves[--reserve.leaf_count]);
-    while (reserve.inner_count > 0) free_inner(reserve.inner[--reserve.inner_count]);
+    while (reserve.leaf_count > 0) {
+      pool_.release_unpublished(reserve.leaves[--reserve.leaf_count], kLeafClass);
+    }
+    while (reserve.inner_count > 0) {
+      pool_.release_unpublished(reserve.inner[--reserve.inner_count], kInnerClass);
+    }
     return MRC_ERR_NO_MEMORY;
   }
-  const uintptr_t updated = insert_into(root, kLevels, 0, region, reserve);
+  const uintptr_t updated = insert_into(entry, at.level, at.block, region, reserve);
   MRC_CHECK(reserve.leaf_count == 0 && reserve.inner_count == 0);
-  if (updated != root) set_root(updated);
+  if (updated != entry) store(at, entry, updated);
   const size_t new_nodes = needed.leaves + needed.inner;
   const size_t new_bytes = needed.leaves * sizeof(LeafNode) + needed.inner * sizeof(InnerNode);
   nodes_.store(nodes_.load(std::memory_order_relaxed) + new_nodes, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + new_bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // Level-1 nodes and flat nodes change only where the region's ends are.
+  if (kFlats) {
+    refresh_flat(start);
+    refresh_flat(end - 1);
+  }
   return MRC_OK;
+}
+
+// insert() where the slot `at` holds one region, other, and region lies inside the slot's block:
+// a chain of new nodes separates the two. Each node is the lowest holding both pieces inside the
+// block above it; they share at most one of its slots (the one holding the boundary between
+// them), and the next node goes there. The chain is built while private and published by one store.
+MRC_TABLE mrc_status_t MRC_SELF::insert_beside(const SlotRef &at, PgtRegion *other,
+                                               PgtRegion *region) noexcept {
+  const uintptr_t start = region->start;
+  const uintptr_t end = region->end;
+  if (other->start < end && other->end > start) return MRC_ERR_EXISTS;
+  struct Link {
+    unsigned level;
+    uintptr_t base;
+    unsigned shared;  // the slot holding the next link, or kNone
+  };
+  constexpr unsigned kNone = ~0u;
+  Link chain[kLevels];
+  unsigned length = 0;
+  uintptr_t block = at.block;
+  uintptr_t block_end = block + block_size(at.level);
+  for (;;) {
+    const uintptr_t other_lo = std::max(other->start, block);
+    const uintptr_t other_hi = std::min(other->end, block_end);
+    const uintptr_t lo = std::max(start, block);
+    const uintptr_t hi = std::min(end, block_end);
+    const unsigned level = level_for(std::min(lo, other_lo), std::max(hi, other_hi));
+    MRC_DASSERT(length < kLevels && level < (length == 0 ? at.level : chain[length - 1].level));
+    const uintptr_t base = std::min(lo, other_lo) & ~(block_size(level + 1) - 1);
+    const unsigned shift = slot_shift(level);
+    // The last page of the lower piece and the first page of the upper one.
+    const uintptr_t last_below = (other_lo < lo ? other_hi : hi) - 1;
+    const uintptr_t first_above = other_lo < lo ? lo : other_lo;
+    const uintptr_t below_slot = (last_below - base) >> shift;
+    const bool shared = below_slot == (first_above - base) >> shift;
+    chain[length++] = {level, base, shared ? static_cast<unsigned>(below_slot) : kNone};
+    if (!shared) break;
+    block = base + (below_slot << shift);
+    block_end = block + block_size(level);
+  }
+
+  uintptr_t nodes[kLevels];
+  unsigned leaves = 0;
+  for (unsigned i = 0; i < length; ++i) {
+    void *node =
+        chain[i].level == 0 ? static_cast<void *>(new_leaf()) : static_cast<void *>(new_inner());
+    if (node == nullptr) {
+      while (i-- > 0) {
+        pool_.release_unpublished(reinterpret_cast<void *>(nodes[i]),
+                                  chain[i].level == 0 ? kLeafClass : kInnerClass);
+      }
+      return MRC_ERR_NO_MEMORY;
+    }
+    nodes[i] = reinterpret_cast<uintptr_t>(node);
+    leaves += chain[i].level == 0;
+  }
+  // Bottom-up, each node complete before its parent points to it; all private until the store.
+  uintptr_t child = 0;
+  for (unsigned i = length; i-- > 0;) {
+    const NodeRef node{nodes[i], chain[i].level};
+    if (node.level == 0) {
+      node.leaf()->header = chain[i].base | node.level;
+    } else {
+      node.inner()->header = chain[i].base | node.level;
+    }
+    fill_private(node, other, chain[i].shared);
+    fill_private(node, region, chain[i].shared);
+    if (chain[i].shared != kNone) {
+      set_slot(node, chain[i].shared, 0,
+               node_entry(NodeRef{child, chain[i + 1].level}, node.level));
+    }
+    child = node.ptr;
+  }
+  store(at, reinterpret_cast<uintptr_t>(other),
+        node_entry(NodeRef{child, chain[0].level}, at.level));
+  nodes_.store(nodes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + leaves * sizeof(LeafNode) +
+                   (length - leaves) * sizeof(InnerNode),
+               std::memory_order_relaxed);
+  size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return MRC_OK;
+}
+
+// Stores region into every slot of a private node that it intersects, except slot `skip` (an inner
+// node's slot that will hold a child).
+MRC_TABLE void MRC_SELF::fill_private(NodeRef node, const PgtRegion *region,
+                                      unsigned skip) noexcept {
+  const uintptr_t base = node.base();
+  const unsigned shift = slot_shift(node.level);
+  const uintptr_t first = (std::max(region->start, base) - base) >> shift;
+  const uintptr_t last = (std::min(region->end, node.end()) - 1 - base) >> shift;
+  const uintptr_t entry = reinterpret_cast<uintptr_t>(region);
+  if (node.level == 0) {
+    for (uintptr_t i = first; i <= last; ++i) {
+      node.leaf()->slots[i].store(entry, std::memory_order_relaxed);
+    }
+    return;
+  }
+  InnerNode *inner = node.inner();
+  for (uintptr_t i = first; i <= last; ++i) {
+    if (i != skip) inner->slots[i].store(entry, std::memory_order_relaxed);
+  }
+  // The bits first..last, minus skip, word by word.
+  for (uintptr_t w = first / 64; w <= last / 64; ++w) {
+    const unsigned from = w == first / 64 ? static_cast<unsigned>(first % 64) : 0;
+    const unsigned to = w == last / 64 ? static_cast<unsigned>(last % 64) : 63;
+    uint64_t bits = (~uint64_t{0} >> (63 - to)) & (~uint64_t{0} << from);
+    if (skip / 64 == w) bits &= ~(uint64_t{1} << (skip % 64));
+    inner->occupied[w] |= bits;
+  }
 }
 
 // ---- remove -------------------------------------------------------------------------------------
@@ -308,14 +477,23 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
     MRC_DASSERT(region_of(entry) == region);
     return 0;
   }
-  const NodeRef node = node_of(entry, level);
-  for_each_slot_of(node.base(), slot_shift(node.level), node.fanout(), region,
-                   [&](unsigned i, uintptr_t) {
-                     const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
-                     const uintptr_t updated = remove_from(old, node.level, region, unlinked);
-                     if (updated != old) set_slot(node, i, old, updated);
-                   });
+  const NodeRef node = node_of(entry);
+  for_each_slot_of(node.base(), node.shift(), node.fanout(), region, [&](unsigned i, uintptr_t) {
+    const uintptr_t old = node.slot(i).load(std::memory_order_relaxed);
+    const uintptr_t updated = remove_from(old, node.slot_level(), region, unlinked);
+    if (updated != old) set_slot(node, i, old, updated);
+  });
+  return collapse(node, level, entry, unlinked);
+}
 
+// After a slot of node (held as entry by a slot at `level`) was emptied or replaced: what that slot
+// holds now. The node itself while it still separates two regions; else its only child, or its
+// only region, and the node is queued in unlinked.
+MRC_TABLE uintptr_t MRC_SELF::collapse(NodeRef node, unsigned level, uintptr_t entry,
+                                       Unlinked &unlinked) noexcept {
+  // A flat node keeps a group of two regions after any removal (kFlatUntil >= 3); it goes back to
+  // a tree in refresh_flat(), never straight to one region.
+  if (node.flat) return entry;
   // Still separating two regions: a child node sees two, and so does a node with another slot.
   unsigned first = 0, last = node.fanout() - 1;
   bool has_child = false;
@@ -344,11 +522,11 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
   uintptr_t replacement;
   if (first == last && is_node(slot(first))) {
     // Path compression: the child takes the node's place, its tag counted from our slot.
-    replacement = node_entry(node_of(slot(first), node.level), level);
-  } else if (!has_child && region_of(slot(first)) == region_of(slot(last))) {
+    replacement = node_entry(node_of(slot(first)), level);
+  } else if (!has_child && slot(first) == slot(last)) {
     // One region left (its entries are consecutive, so first and last tell). The removed region
-    // shared the parent block, so the survivor does not cover it.
-    replacement = reinterpret_cast<uintptr_t>(region_of(slot(first))) | kPartialTag;
+    // shared the parent block, so the survivor does not cover it: one entry for the block.
+    replacement = slot(first);
   } else {
     return entry;
   }
@@ -359,22 +537,233 @@ MRC_TABLE uintptr_t MRC_SELF::remove_from(uintptr_t entry, unsigned level, const
 
 MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   if (region == nullptr) return MRC_ERR_INVALID;
-  // start/end are immutable while the region is in the table, so this finds it if it is there.
-  if (lookup(region->start) != region) return MRC_ERR_NOT_FOUND;
-  const uintptr_t root = root_.load(std::memory_order_relaxed);
+  // start/end are immutable while the region is in the table.
+  const uintptr_t start = region->start;
+  const uintptr_t end = region->end;
+  // One descent along start, as lookup() takes, remembering the way: it finds the region if it is
+  // there, and the deepest slot whose block holds all of it (`split`). Below that slot
+  // remove_from() does the work; above it only a node that collapses changes its parent.
+  struct Step {
+    NodeRef owner;    // the node holding the slot (ptr 0: root_)
+    unsigned index;   // the slot's index there
+    uintptr_t entry;  // what the slot held
+  };
+  Step path[kLevels + 1];
+  unsigned depth = 0, split = 0;
+  path[0] = {NodeRef{0, kLevels}, 0, root_.load(std::memory_order_relaxed)};
+  while (is_node(path[depth].entry)) {
+    uintptr_t base;
+    const NodeRef node = place(path[depth].entry, path[depth].owner.slot_level(), start, base);
+    const unsigned shift = node.shift();
+    const uintptr_t index = (start - base) >> shift;
+    if (start < base || index >= node.fanout()) return MRC_ERR_NOT_FOUND;
+    if (split == depth && (end - 1 - base) >> shift == index) ++split;
+    MRC_DASSERT(depth < kLevels);
+    path[++depth] = {node, static_cast<unsigned>(index),
+                     node.slot(index).load(std::memory_order_relaxed)};
+  }
+  if (path[depth].entry != reinterpret_cast<uintptr_t>(region)) return MRC_ERR_NOT_FOUND;
+  const unsigned deepest = depth;
+
   Unlinked unlinked;
-  const uintptr_t updated = remove_from(root, kLevels, region, unlinked);
-  if (updated != root) set_root(updated);
+  depth = split;
+  uintptr_t entry = path[depth].entry;
+  uintptr_t updated = remove_from(entry, path[depth].owner.slot_level(), region, unlinked);
+  // Stores bottom-up, as the recursion would: a replacement is complete before its parent
+  // points to it.
+  for (;;) {
+    if (updated == entry) break;
+    const Step &step = path[depth];
+    if (step.owner.ptr == 0) {
+      set_root(updated);
+      break;
+    }
+    set_slot(step.owner, step.index, entry, updated);
+    entry = path[--depth].entry;
+    updated = collapse(step.owner, path[depth].owner.slot_level(), entry, unlinked);
+  }
   // Retire only now: every unlinked node's replacement has been stored.
   size_t bytes = 0;
   for (unsigned i = 0; i < unlinked.count; ++i) {
-    bytes += unlinked.nodes[i].level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+    bytes += node_bytes(unlinked.nodes[i]);
     retire(unlinked.nodes[i]);
   }
   nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
   size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  // A removal only thins level-1 nodes out; flat nodes may have to go back to a tree. A flat node
+  // never collapses, so one on the descent's path still sits in the slot above it.
+  if (kFlats && flats_ != 0) {
+    unsigned at = 1;
+    while (at <= deepest && !path[at].owner.flat) ++at;
+    if (at <= deepest && start >= path[at].owner.base() && end <= path[at].owner.end()) {
+      const NodeRef flat = path[at].owner;
+      const uintptr_t base = flat.base();
+      const auto first = static_cast<unsigned>((start - base) >> slot_shift(1));
+      const auto last = static_cast<unsigned>((end - 1 - base) >> slot_shift(1));
+      update_leafy(flat, first);
+      if (last != first) update_leafy(flat, last);
+      if (flat.flat_node()->leafy_count < kFlatUntil) {
+        unflatten({path[at - 1].owner, path[at - 1].index, path[at - 1].owner.slot_level(), 0},
+                  flat);
+      }
+    } else {
+      refresh_flat(start);
+      refresh_flat(end - 1);
+    }
+  }
   return MRC_OK;
+}
+
+// ---- flat nodes ---------------------------------------------------------------------------------
+
+// Whether the tree would hold a leaf for group g of a flat node: two regions or more in its slots
+// (a region's entries are consecutive, so two different non-empty entries tell).
+MRC_TABLE bool MRC_SELF::group_is_leafy(NodeRef flat, unsigned group) noexcept {
+  uintptr_t seen = 0;
+  for (unsigned i = group * kLeafFanout; i < (group + 1) * kLeafFanout; ++i) {
+    const uintptr_t entry = flat.slot(i).load(std::memory_order_relaxed);
+    if (entry == 0) continue;
+    if (seen != 0 && entry != seen) return true;
+    seen = entry;
+  }
+  return false;
+}
+
+MRC_TABLE void MRC_SELF::update_leafy(NodeRef flat, unsigned group) noexcept {
+  FlatNode *node = flat.flat_node();
+  const uint64_t bit = uint64_t{1} << (group % 64);
+  const bool was = (node->leafy[group / 64] & bit) != 0;
+  const bool is = group_is_leafy(flat, group);
+  if (was == is) return;
+  node->leafy[group / 64] ^= bit;
+  node->leafy_count = is ? node->leafy_count + 1 : node->leafy_count - 1;
+}
+
+// After a change whose end lies at address: the level-1 node or flat node holding address (if any)
+// becomes flat or goes back to a tree when it crossed its threshold. Allocation failures leave the
+// table as it is (both forms are valid).
+MRC_TABLE void MRC_SELF::refresh_flat(uintptr_t address) noexcept {
+  SlotRef holder{NodeRef{0, kLevels}, 0, kLevels, 0};
+  uintptr_t entry = root_.load(std::memory_order_relaxed);
+  while (is_node(entry)) {
+    uintptr_t base;
+    const NodeRef node = place(entry, holder.level, address, base);
+    if (address < base || address >= node.end()) return;
+    if (node.flat) {
+      update_leafy(node, static_cast<unsigned>((address - base) >> slot_shift(1)));
+      if (node.flat_node()->leafy_count < kFlatUntil) unflatten(holder, node);
+      return;
+    }
+    if (node.level == kFlatLevel) {
+      if (node.inner()->children >= kFlatFrom) flatten(holder, node);
+      return;
+    }
+    if (node.level < kFlatLevel) return;
+    const uintptr_t index = (address - base) >> node.shift();
+    holder = {node, static_cast<unsigned>(index), node.level, base + (index << node.shift())};
+    entry = node.slot(index).load(std::memory_order_relaxed);
+  }
+}
+
+// Replaces the level-1 node held by holder with a flat node: built while private, published by one
+// store, the node and its leaves retired after.
+MRC_TABLE void MRC_SELF::flatten(const SlotRef &holder, NodeRef node) noexcept {
+  void *memory = pool_.allocate(kFlatClass);
+  if (memory == nullptr) return;
+  FlatNode *flat = new (memory) FlatNode();
+  const uintptr_t base = node.base();
+  flat->header = base | kFlatLevel;
+  const InnerNode *inner = node.inner();
+  size_t leaves = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const uintptr_t entry = inner->slots[g].load(std::memory_order_relaxed);
+    std::atomic<uintptr_t> *group = flat->slots + g * kLeafFanout;
+    if (is_node(entry)) {
+      const NodeRef leaf = node_of(entry);
+      MRC_DASSERT(leaf.level == 0);
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        group[i].store(leaf.slot(i).load(std::memory_order_relaxed), std::memory_order_relaxed);
+      }
+      flat->leafy[g / 64] |= uint64_t{1} << (g % 64);
+      ++leaves;
+    } else if (entry != 0) {
+      const PgtRegion *region = region_of(entry);
+      const uintptr_t block = base + (uintptr_t{g} << slot_shift(1));
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        group[i].store(entry_for(region, block + (uintptr_t{i} << kPageShift), 0),
+                       std::memory_order_relaxed);
+      }
+    }
+  }
+  flat->leafy_count = static_cast<uint32_t>(leaves);
+  const NodeRef flat_ref{reinterpret_cast<uintptr_t>(flat), kFlatLevel, true};
+  store(holder, node_entry(node, holder.level), node_entry(flat_ref, holder.level));
+  // Unlinked now: the node and its leaves wait out the readers in the pool.
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const uintptr_t entry = inner->slots[g].load(std::memory_order_relaxed);
+    if (is_node(entry)) retire(node_of(entry));
+  }
+  retire(node);
+  ++flats_;
+  nodes_.store(nodes_.load(std::memory_order_relaxed) - leaves, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + sizeof(FlatNode) - sizeof(InnerNode) -
+                   leaves * sizeof(LeafNode),
+               std::memory_order_relaxed);
+}
+
+// The reverse: a level-1 node with a leaf for each group that holds two regions or more. The
+// groups are looked at afresh: the marks of a change's other end may not be updated yet.
+MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept {
+  const FlatNode *node = flat.flat_node();
+  bool leafy[kInnerFanout];
+  size_t leaves = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    leafy[g] = group_is_leafy(flat, g);
+    leaves += leafy[g];
+  }
+  InnerNode *inner = new_inner();
+  if (inner == nullptr) return;
+  LeafNode *made[kInnerFanout];
+  for (size_t i = 0; i < leaves; ++i) {
+    made[i] = new_leaf();
+    if (made[i] == nullptr) {
+      while (i-- > 0) pool_.release_unpublished(made[i], kLeafClass);
+      pool_.release_unpublished(inner, kInnerClass);
+      return;
+    }
+  }
+  const uintptr_t base = flat.base();
+  inner->header = base | kFlatLevel;
+  const NodeRef inner_ref{reinterpret_cast<uintptr_t>(inner), kFlatLevel};
+  size_t used = 0;
+  for (unsigned g = 0; g < kInnerFanout; ++g) {
+    const std::atomic<uintptr_t> *group = node->slots + g * kLeafFanout;
+    if (leafy[g]) {
+      LeafNode *leaf = made[used++];
+      leaf->header = (base + (uintptr_t{g} << slot_shift(1))) | 0;
+      for (unsigned i = 0; i < kLeafFanout; ++i) {
+        leaf->slots[i].store(group[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+      }
+      set_slot(inner_ref, g, 0, node_entry(NodeRef{reinterpret_cast<uintptr_t>(leaf), 0}, 1));
+      continue;
+    }
+    for (unsigned i = 0; i < kLeafFanout; ++i) {
+      const uintptr_t entry = group[i].load(std::memory_order_relaxed);
+      if (entry != 0) {  // the group's only region
+        set_slot(inner_ref, g, 0, entry);
+        break;
+      }
+    }
+  }
+  MRC_DASSERT(used == leaves);
+  store(holder, node_entry(flat, holder.level), node_entry(inner_ref, holder.level));
+  retire(flat);
+  --flats_;
+  nodes_.store(nodes_.load(std::memory_order_relaxed) + leaves, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + sizeof(InnerNode) +
+                   leaves * sizeof(LeafNode) - sizeof(FlatNode),
+               std::memory_order_relaxed);
 }
 
 // ---- invariants (tests) -------------------------------------------------------------------------
@@ -383,8 +772,9 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
                                      Census &census) const noexcept {
   if (entry == 0) return true;
   if (!is_node(entry)) {
+    if ((entry & kTagMask) != 0) return false;
     const PgtRegion *region = region_of(entry);
-    if (entry_for(region, block, level) != entry) return false;  // wrong tag or disjoint
+    if (entry_for(region, block, level) != entry) return false;  // disjoint
     const uintptr_t block_end = block + block_size(level);
     census.covered += std::min(region->end, block_end) - std::max(region->start, block);
     if (region != census.last) {
@@ -396,13 +786,15 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
     }
     return true;
   }
-  if (skipped_of(entry) + 1 > level) return false;
-  const NodeRef node = node_of(entry, level);
+  if (pointer_of(entry) == 0) return false;
+  const NodeRef node = node_of(entry);
+  // Below the slot, and tagged as skipping levels exactly when it does.
+  if (node.level >= level || node_entry(node, level) != entry) return false;
   const uintptr_t base = node.base();
   if ((base & (block_size(node.level + 1) - 1)) != 0) return false;
   if (base < block || node.end() > block + block_size(level)) return false;
   ++census.nodes;
-  census.bytes += node.level == 0 ? sizeof(LeafNode) : sizeof(InnerNode);
+  census.bytes += node_bytes(node);
   unsigned used = 0, children = 0;
   const PgtRegion *only = nullptr;
   bool several = false;
@@ -417,11 +809,22 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
       if (only != nullptr && region_of(e) != only) several = true;
       only = region_of(e);
     }
-    if (!check_entry(e, node.level, base + (uintptr_t{i} << slot_shift(node.level)), census)) {
+    if (!check_entry(e, node.slot_level(), base + (uintptr_t{i} << node.shift()), census)) {
       return false;
     }
   }
-  if (node.level != 0) {
+  if (node.flat) {
+    // The groups' marks are right, and there are enough of them (else it would be a tree).
+    const FlatNode *flat = node.flat_node();
+    unsigned marked = 0;
+    for (unsigned g = 0; g < kInnerFanout; ++g) {
+      const bool bit = ((flat->leafy[g / 64] >> (g % 64)) & 1) != 0;
+      if (bit != group_is_leafy(node, g)) return false;
+      marked += bit;
+    }
+    if (marked != flat->leafy_count || marked < kFlatUntil) return false;
+  }
+  if (node.is_inner()) {
     const InnerNode *inner = node.inner();
     unsigned marked = 0;
     for (unsigned i = 0; i < node.fanout(); ++i) {
@@ -430,6 +833,7 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
       marked += bit;
     }
     if (marked != used || children != inner->children) return false;
+    if (kFlats && node.level == kFlatLevel && children >= kFlatFrom) return false;  // flat by now
   }
   return used >= 2 && several;  // canonical: a node separates at least two regions
 }

@@ -1,31 +1,36 @@
 // The radix page table: maps page-aligned, non-overlapping [start, end) ranges to regions.
 //
 // Shape. A radix tree over page numbers: leaves (level 0) have 2^kLeafBits slots of one page
-// each, inner nodes 2^kInnerBits slots (PageTable: 16-slot leaves, 128-slot inner nodes). A slot
-// covers an aligned block of addresses and holds one word:
+// each, inner nodes 2^kInnerBits slots (PageTable: 16-slot leaves, 128-slot inner nodes). A node
+// starts with a header word (the first address of the block it covers, with its level in the low
+// bits), then its slots. A slot covers an aligned block of addresses and holds one word:
 //   0                 no region intersects the block;
-//   region            the region covers the whole block;
-//   region | partial  the region is the only one intersecting the block, without covering it
-//                     (lookup then checks the region's bounds);
-//   node | skip | 1   two or more regions intersect the block; the node covers the smallest
-//                     aligned node-sized block holding all of them; `skip` counts the levels
-//                     between the slot and the node (path compression; usually 0).
+//   region            the region covers the block, or is the only one intersecting it;
+//   node | 1          two or more regions intersect the block; the node covers the smallest
+//                     aligned node-sized block holding all of them, one level below the slot;
+//   node | 2 | 1      the same, with levels skipped between the slot and the node (path
+//                     compression; the node's header holds its level and its block).
 // The form is canonical (a function of the set of regions): every node has at least two
 // non-empty slots and sees at least two regions. Consequences:
-// - A region alone in its neighbourhood is one partial entry, as high as it is alone; a region
-//   beside others is stored at the highest levels whose blocks it covers whole (huge entries):
-//   at most one node's worth of entries per level and two descents (one per end), so a region
-//   of N pages costs O(fanout * log N) entries, never O(N); a 1 TiB region is a few dozen stores.
+// - A region alone in its neighbourhood is one entry, as high as it is alone; a region beside
+//   others is stored at the highest levels whose blocks it covers whole (huge entries): at most
+//   one node's worth of entries per level and two descents (one per end), so a region of N pages
+//   costs O(fanout * log N) entries, never O(N); a 1 TiB region is a few dozen stores.
 // - Depth follows how the regions are spread, not the address width, and there are at most
 //   regions - 1 nodes whatever the layout.
-// - lookup() is at most kLevels + 1 dependent loads (one per node, plus the region's bounds for
-//   a partial entry); for regions clustered in a few GiB it is 3 to 5. Each level costs one load
-//   and one AND on the critical path: the next index is computed from the address and the
-//   expected level while the load is in flight (a skipped level is the predicted-not-taken
-//   case, and a hint predicts the root node's level).
+// - lookup() is at most kLevels dependent loads (one per node) and a check of the region's
+//   bounds; for regions clustered in a few GiB it is 2 to 4 loads. The critical path is the
+//   loads alone: the next index is computed from the address and the expected level while a load
+//   is in flight, the next slot's address is the loaded word plus a constant (a node entry
+//   without skip is the node's address + 1), and a region entry is the region's address. The
+//   bounds check is a branch, not a data dependency, so a hit does not wait for it; checking
+//   every region (rather than tagging the partial ones) leaves no unpredictable branch on the
+//   tag. A skipped level is the predicted-not-taken case, and a hint predicts the root's level.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
+// - Nodes come from a per-table NodePool (node_pool.h): free lists fed by unlinked nodes once a
+//   grace period has passed, and chunks backed by huge pages once the table is large.
 //
 // Address width. kAddressBits = 57: every user-space address on x86-64 with 4- or 5-level paging
 // (user space below 2^47 or 2^56) and on aarch64 with 48- or 52-bit VAs. Wider addresses cannot
@@ -37,8 +42,9 @@
 //   Writer: one thread at a time calls insert(), remove(), purge() (the caller serialises them,
 //     e.g. the cache's mutex), and may call lookup() and for_each_overlapping() without a guard.
 //     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
-//     (relaxed: statistics, and a hint that lookup() checks against the root's tag). An inner
-//     node's occupancy bitmap and child count are the writer's alone; readers never read them.
+//     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
+//     node's occupancy bitmap and child count, and the node pool, are the writer's alone;
+//     readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
 //     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
 //     concurrent with the writer is not a snapshot: it visits every region present for the
@@ -47,7 +53,7 @@
 //     cache walks only under its writer lock).
 //   Publication: every slot (and root_) is a std::atomic<uintptr_t>. The writer fills a new node
 //     while it is private, then publishes it with a release store into its parent slot; readers
-//     load every slot with acquire, so a node's slots and its immutable base are visible before
+//     load every slot with acquire, so a node's slots and its immutable header are visible before
 //     the node is. A region's start/end are published the same way and must not change while the
 //     region is in the table, or while a reader may still hold it. (jemalloc's rtree reads child
 //     pointers relaxed because its entries are never invalidated under a live reader; here
@@ -55,11 +61,12 @@
 //   Linearisation: a region becomes visible slot by slot and disappears slot by slot. A lookup
 //     that starts after remove(region) returned (happens-after) never returns it; one that
 //     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
-//     region that does not contain the address (partial entries are checked, full entries cover
-//     their block).
+//     region that does not contain the address (it checks the bounds of every region it finds).
 //   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
-//     it to the EpochDomain, which frees it after every guard that might have seen it has ended.
-//     Regions are the caller's: remove() only unlinks them; the caller retires them afterwards.
+//     it to the pool, which hands it out again only after a grace period of the EpochDomain:
+//     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
+//     when the table and every batch still waiting for the domain are gone. Regions are the
+//     caller's: remove() only unlinks them; the caller retires them afterwards.
 //   Progress: lookup() is wait-free (at most kLevels iterations); for_each_overlapping() is
 //     wait-free and bounded by the entries it visits; the writer never waits for readers.
 #pragma once
@@ -73,6 +80,7 @@
 
 #include "mrcache/mrcache.h"
 #include "pgtable/epoch.h"
+#include "pgtable/node_pool.h"
 
 namespace mrc {
 
@@ -101,9 +109,23 @@ class RadixPageTable {
   static constexpr unsigned kLevels =
       1 + (kAddressBits - kPageShift - kLeafBits + kInnerBits - 1) / kInnerBits;
 
-  explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept : domain_(domain) {}
-  // REQUIRES: no reader is inside a lookup. Frees the nodes; the regions stay the caller's.
-  ~RadixPageTable();
+  // Flat nodes: a level-1 node and its leaves as one array of page slots, used where the level-1
+  // node has nearly every slot split into a leaf (densely packed small regions). The array is then
+  // no bigger than the node and its leaves, and a lookup takes one load where it took two. Only for
+  // shapes whose flat node stays small (PageTable: 2048 slots, 16 KiB).
+  static constexpr bool kFlats = kInnerBits + kLeafBits <= 11;
+  static constexpr unsigned kFlatLevel = 1;  // a flat node covers a level-1 node's block
+  static constexpr unsigned kFlatFanout = kFlats ? 1u << (kInnerBits + kLeafBits) : 1;
+  // Hysteresis: a level-1 node with kFlatFrom leaves becomes flat; a flat node back to a tree when
+  // fewer than kFlatUntil of its groups (kLeafFanout slots) hold two regions or more.
+  static constexpr unsigned kFlatFrom = kInnerFanout - kInnerFanout / 16;
+  static constexpr unsigned kFlatUntil = kInnerFanout - kInnerFanout / 4;
+  // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
+  static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
+
+  explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept;
+  // REQUIRES: no reader is inside a lookup. Releases the nodes; the regions stay the caller's.
+  ~RadixPageTable() = default;
   RadixPageTable(const RadixPageTable &) = delete;
   RadixPageTable &operator=(const RadixPageTable &) = delete;
 
@@ -115,7 +137,7 @@ class RadixPageTable {
   [[nodiscard]] mrc_status_t remove(PgtRegion *region) noexcept;
 
   // The region containing address, or nullptr. REQUIRES: inside an EpochGuard of domain(), or the
-  // writer. At most kLevels + 1 dependent loads.
+  // writer. At most kLevels dependent loads, then the region's bounds.
   [[gnu::always_inline]] PgtRegion *lookup(uintptr_t address) const noexcept;
 
   // Calls visit(PgtRegion *) for every region overlapping [from, to), in address order, each once,
@@ -132,13 +154,21 @@ class RadixPageTable {
   void purge(OnRegion &&on_region);
 
   size_t size() const noexcept { return size_.load(std::memory_order_relaxed); }
-  // Bytes of live nodes (object sizes; allocator overhead excluded).
+  // Bytes of live nodes (object sizes; the pool's free and waiting nodes excluded).
   size_t memory_bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   size_t node_count() const noexcept { return nodes_.load(std::memory_order_relaxed); }
   EpochDomain &domain() const noexcept { return domain_; }
+  // Writer: flat nodes in the table (see kFlats), for tests and statistics.
+  size_t flat_count() const noexcept { return flats_; }
+  // Writer: the node pool (free and waiting nodes, chunks mapped), for tests and statistics.
+  const NodePool &pool() const noexcept { return pool_; }
 
-  // Writer, for tests: checks the canonical form, the tags and the counters. False on any breach.
+  // Writer, for tests: checks the canonical form, the headers and the counters. False on any
+  // breach.
   bool check_invariants() const noexcept;
+  // Writer, for tests: calls fn(const void *node) for every node reachable from the root.
+  template <class Fn>
+  void for_each_node(Fn &&fn) const;
 
   static constexpr unsigned fanout(unsigned level) {
     return level == 0 ? kLeafFanout : kInnerFanout;
@@ -152,39 +182,71 @@ class RadixPageTable {
   static_assert(slot_shift(kLevels) < 64, "the root slot's block must fit in an address");
 
  private:
-  static constexpr unsigned kTagBits = 1 + std::bit_width(kLevels - 1);
-  static constexpr size_t kNodeAlign = size_t{1} << (kTagBits < 4 ? 4 : kTagBits);
+  // Entry tags: 00 region (or 0), 01 node, 11 node below skipped levels, 10 flat node.
   static constexpr uintptr_t kNodeTag = 1;
-  static constexpr uintptr_t kPartialTag = 2;
-  static constexpr uintptr_t kSkipMask = (uintptr_t{1} << (kTagBits - 1)) - 1;
+  static constexpr uintptr_t kSkipTag = 2;
+  static constexpr uintptr_t kFlatTag = 2;
+  static constexpr uintptr_t kTagMask = kNodeTag | kSkipTag;
+  // A header's low bits hold the node's level; its block is aligned far beyond them.
+  static constexpr uintptr_t kLevelMask = 0xff;
+  static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
+  static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
 
-  // Slots first, so that a slot's address does not depend on the kind of node. Allocated
-  // kNodeAlign-aligned (the tag bits), sized exactly.
+  // Header first, then the slots at the same offset in both kinds, so that a slot's address does
+  // not depend on the kind of node. 8-aligned, sized exactly (the pool carves them back to back).
   struct LeafNode {
+    uintptr_t header;  // base | level: immutable while a reader may reach the node
     std::atomic<uintptr_t> slots[kLeafFanout];
-    uintptr_t base;  // first address of the block the node covers; immutable once published
   };
   struct InnerNode {
+    uintptr_t header;
     std::atomic<uintptr_t> slots[kInnerFanout];
-    uintptr_t base;
     // Writer only (readers never look): which slots are non-empty, how many hold a node.
     uint64_t occupied[(kInnerFanout + 63) / 64];
     uint16_t children;
   };
+  struct FlatNode {
+    uintptr_t header;  // base | kFlatLevel
+    std::atomic<uintptr_t> slots[kFlatFanout];
+    // Writer only: which groups of kLeafFanout slots hold two regions or more (where the tree
+    // has a leaf), and how many.
+    uint64_t leafy[(kInnerFanout + 63) / 64];
+    uint32_t leafy_count;
+  };
+  static_assert(offsetof(LeafNode, slots) == sizeof(uintptr_t) &&
+                offsetof(InnerNode, slots) == sizeof(uintptr_t) &&
+                offsetof(FlatNode, slots) == sizeof(uintptr_t));
+  static constexpr uintptr_t kSlotsOffset = sizeof(uintptr_t);
 
-  // A node as the writer handles it: its address and its level (0: LeafNode, else InnerNode).
+  // A node as the writer handles it: its address, its level (the level whose block it covers) and
+  // its kind (level 0: LeafNode; flat: FlatNode, at kFlatLevel with slots of one page; else
+  // InnerNode).
+  // A trivial default constructor: arrays of them (a removal's path and unlinked nodes) cost
+  // nothing to set up.
   struct NodeRef {
+    NodeRef() = default;
+    constexpr NodeRef(uintptr_t address, unsigned node_level, bool is_flat = false)
+        : ptr(address), level(node_level), flat(is_flat) {}
     uintptr_t ptr;
     unsigned level;
+    bool flat;
     LeafNode *leaf() const { return reinterpret_cast<LeafNode *>(ptr); }
     InnerNode *inner() const { return reinterpret_cast<InnerNode *>(ptr); }
-    std::atomic<uintptr_t> &slot(unsigned i) const {
-      std::atomic<uintptr_t> *slots = level == 0 ? leaf()->slots : inner()->slots;
+    FlatNode *flat_node() const { return reinterpret_cast<FlatNode *>(ptr); }
+    bool is_inner() const { return level != 0 && !flat; }
+    std::atomic<uintptr_t> &slot(uintptr_t i) const {
+      std::atomic<uintptr_t> *slots = level == 0 ? leaf()->slots
+                                      : flat     ? flat_node()->slots
+                                                 : inner()->slots;
       return slots[i];
     }
-    uintptr_t base() const { return level == 0 ? leaf()->base : inner()->base; }
+    // The level of the slots inside.
+    unsigned slot_level() const { return flat ? 0 : level; }
+    unsigned shift() const { return slot_shift(slot_level()); }
+    uintptr_t slot_size() const { return block_size(slot_level()); }
+    uintptr_t base() const { return header_of(ptr) & ~kLevelMask; }
     uintptr_t end() const { return base() + block_size(level + 1); }
-    unsigned fanout() const { return RadixPageTable::fanout(level); }
+    unsigned fanout() const { return flat ? kFlatFanout : RadixPageTable::fanout(level); }
   };
 
   // Nodes one insert() needs, allocated before the table changes: at most two new nodes per slot
@@ -198,31 +260,40 @@ class RadixPageTable {
     InnerNode *inner[2 * kLevels];
     unsigned leaf_count = 0, inner_count = 0;
   };
+  // A slot as the writer handles it: the node holding it (ptr 0: root_), its index there, the
+  // slot's level and the first address of its block.
+  struct SlotRef {
+    NodeRef owner;
+    unsigned index;
+    unsigned level;
+    uintptr_t block;
+  };
   struct Unlinked {
     NodeRef nodes[4 * kLevels + 4];
     unsigned count = 0;
   };
 
-  static bool is_node(uintptr_t entry) { return (entry & kNodeTag) != 0; }
-  // A node entry's tag holds how many levels lie between the slot holding it and the node (0 unless
-  // path-compressed), so the level of a node depends on the slot it is read from.
-  static unsigned skipped_of(uintptr_t entry) {
-    return static_cast<unsigned>((entry >> 1) & kSkipMask);
+  // Any kind of node (the writer's and the walks' view); lookup() follows kNodeTag itself.
+  static bool is_node(uintptr_t entry) { return (entry & kTagMask) != 0; }
+  static bool is_flat(uintptr_t entry) { return (entry & kTagMask) == kFlatTag; }
+  static uintptr_t pointer_of(uintptr_t entry) { return entry & ~kTagMask; }
+  // Both kinds start with the header word.
+  static uintptr_t header_of(uintptr_t node) { return *reinterpret_cast<const uintptr_t *>(node); }
+  static unsigned level_in(uintptr_t header) { return static_cast<unsigned>(header & kLevelMask); }
+  static NodeRef node_of(uintptr_t entry) {
+    const uintptr_t ptr = pointer_of(entry);
+    if (is_flat(entry)) return {ptr, kFlatLevel, true};
+    return {ptr, level_in(header_of(ptr))};
   }
-  static unsigned level_of(uintptr_t entry, unsigned slot_level) {
-    return slot_level - 1 - skipped_of(entry);
-  }
-  static uintptr_t pointer_of(uintptr_t entry) { return entry & ~uintptr_t{kNodeAlign - 1}; }
-  static NodeRef node_of(uintptr_t entry, unsigned slot_level) {
-    return {pointer_of(entry), level_of(entry, slot_level)};
-  }
-  static PgtRegion *region_of(uintptr_t entry) {
-    return reinterpret_cast<PgtRegion *>(entry & ~(kNodeTag | kPartialTag));
-  }
+  static PgtRegion *region_of(uintptr_t entry) { return reinterpret_cast<PgtRegion *>(entry); }
   static uintptr_t node_entry(NodeRef node, unsigned slot_level) {
-    return node.ptr | (uintptr_t{slot_level - 1 - node.level} << 1) | kNodeTag;
+    if (node.flat) return node.ptr | kFlatTag;  // read with its prefix checked, wherever it sits
+    return node.ptr | kNodeTag | (node.level + 1 == slot_level ? 0 : kSkipTag);
   }
-  // Both kinds of node start with their slots, so the choice folds away; indexing through the
+  static size_t node_bytes(NodeRef node) {
+    return node.level == 0 ? sizeof(LeafNode) : node.flat ? sizeof(FlatNode) : sizeof(InnerNode);
+  }
+  // Both kinds keep their slots at kSlotsOffset, so the choice folds away; indexing through the
   // decayed pointer keeps -fsanitize=bounds from checking the index against the other kind.
   static const std::atomic<uintptr_t> &slot_at(uintptr_t node, unsigned level, uintptr_t index) {
     const std::atomic<uintptr_t> *slots = level == 0
@@ -230,39 +301,46 @@ class RadixPageTable {
                                               : reinterpret_cast<const InnerNode *>(node)->slots;
     return slots[index];
   }
-  static uintptr_t base_at(uintptr_t node, unsigned level) {
-    return level == 0 ? reinterpret_cast<const LeafNode *>(node)->base
-                      : reinterpret_cast<const InnerNode *>(node)->base;
-  }
   static uintptr_t entry_for(const PgtRegion *region, uintptr_t block, unsigned level);
   static unsigned level_for(uintptr_t lo, uintptr_t hi);
-  static void free_leaf(void *node) noexcept;
-  static void free_inner(void *node) noexcept;
+  [[nodiscard]] LeafNode *new_leaf() noexcept;
+  [[nodiscard]] InnerNode *new_inner() noexcept;
   void retire(NodeRef node) noexcept;
+  void refresh_flat(uintptr_t address) noexcept;
+  void update_leafy(NodeRef flat, unsigned group) noexcept;
+  static bool group_is_leafy(NodeRef flat, unsigned group) noexcept;
+  void flatten(const SlotRef &holder, NodeRef node) noexcept;
+  void unflatten(const SlotRef &holder, NodeRef flat) noexcept;
+  static NodeRef place(uintptr_t entry, unsigned slot_level, uintptr_t address,
+                       uintptr_t &base) noexcept;
   void set_root(uintptr_t entry) noexcept;
 
   template <class Visit>
-  static bool walk_range(uintptr_t entry, unsigned slot_level, uintptr_t &cursor, uintptr_t to,
-                         Visit &visit);
+  static bool walk_range(uintptr_t entry, uintptr_t &cursor, uintptr_t to, Visit &visit);
   template <class OnRegion>
-  void purge_walk(uintptr_t entry, unsigned slot_level, const PgtRegion *&last,
-                  OnRegion &on_region);
+  void purge_walk(uintptr_t entry, const PgtRegion *&last, OnRegion &on_region);
+  template <class Fn>
+  static void nodes_below(uintptr_t entry, Fn &fn);
 
   static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
+  void store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept;
   NodeCount count_new_nodes(uintptr_t entry, unsigned level, uintptr_t block,
                             const PgtRegion *region) const noexcept;
   uintptr_t insert_into(uintptr_t entry, unsigned level, uintptr_t block, PgtRegion *region,
                         NodeReserve &reserve) noexcept;
   void insert_into_node(NodeRef node, PgtRegion *region, NodeReserve &reserve) noexcept;
+  [[nodiscard]] mrc_status_t insert_beside(const SlotRef &at, PgtRegion *other,
+                                           PgtRegion *region) noexcept;
+  static void fill_private(NodeRef node, const PgtRegion *region, unsigned skip) noexcept;
   uintptr_t remove_from(uintptr_t entry, unsigned level, const PgtRegion *region,
                         Unlinked &unlinked) noexcept;
+  uintptr_t collapse(NodeRef node, unsigned level, uintptr_t entry, Unlinked &unlinked) noexcept;
   struct Census {
     size_t nodes = 0, regions = 0, bytes = 0;
     uintptr_t covered = 0, region_bytes = 0;
     const PgtRegion *last = nullptr;
   };
   bool check_entry(uintptr_t entry, unsigned level, uintptr_t block, Census &census) const noexcept;
-  void free_subtree(uintptr_t entry, unsigned slot_level) noexcept;
 
   std::atomic<uintptr_t> root_{0};
   std::atomic<unsigned> root_level_{0};  // the root node's level: a hint, written after root_
@@ -270,59 +348,77 @@ class RadixPageTable {
   std::atomic<size_t> nodes_{0};
   std::atomic<size_t> bytes_{0};
   EpochDomain &domain_;
+  NodePool pool_;
+  size_t flats_ = 0;  // writer only: flat nodes in the table
 };
 
 // ---- inline reader paths ------------------------------------------------------------------------
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t address) const noexcept {
-  if (__builtin_expect(address >= kAddressLimit, 0)) return nullptr;
+  // No test of kAddressLimit: a wider address may index a slot (the top node's index wraps), but
+  // never passes the bounds check of what it finds.
   uintptr_t entry = root_.load(std::memory_order_acquire);
-  // A guess of the root node's level (checked against the tag below) lets the first index be
-  // computed while root_ is still loading.
-  unsigned level = root_level_.load(std::memory_order_relaxed);
-  if (is_node(entry)) {
-    uintptr_t node = pointer_of(entry);
-    // Opaque to the compiler, which would otherwise use the tag's level on both paths.
-    bool stale = level != level_of(entry, kLevels);
-    __asm__("" : "+r"(stale));
-    if (__builtin_expect(stale, 0)) {
-      level = level_of(entry, kLevels);
-      __asm__ volatile("");  // keeps this a branch: a cmov would make the index wait for the tag
+  if ((entry & kTagMask) != 0) {
+    if ((entry & kNodeTag) != 0) {
+      uintptr_t node = pointer_of(entry);
+      // A guess of the root node's level (checked against its header below) lets the first index
+      // be computed while root_ and the header are still loading.
+      unsigned level = root_level_.load(std::memory_order_relaxed);
+      const uintptr_t header = header_of(node);
+      // Opaque to the compiler, which would otherwise use the header's level on both paths.
+      bool stale = level != level_in(header);
+      __asm__("" : "+r"(stale));
+      if (__builtin_expect(stale, 0)) {
+        level = level_in(header);
+        __asm__ volatile("");  // keeps this a branch: a cmov would make the index wait for it
+      }
+      // The root covers its block only (unless it is the top node, whose block is everything).
+      if (((address ^ header) >> slot_shift(level + 1)) != 0) return nullptr;
+      for (;;) {
+        const uintptr_t index = (address >> slot_shift(level)) & (fanout(level) - 1);
+        entry = slot_at(node, level, index).load(std::memory_order_acquire);
+        if ((entry & kNodeTag) == 0) break;  // leaves hold no node: at most kLevels iterations
+        if (__builtin_expect((entry & kSkipTag) == 0, 1)) {
+          // The usual case, taken as predicted: the next slot's address is the loaded word plus a
+          // constant and an index computed from the address alone, so the next load issues at
+          // once.
+          node = entry - kNodeTag;
+          --level;
+        } else {
+          // A path-compressed child covers only part of the slot: its level and prefix are in its
+          // header.
+          node = entry - kTagMask;
+          const uintptr_t child_header = header_of(node);
+          level = level_in(child_header);
+          if (((address ^ child_header) >> slot_shift(level + 1)) != 0) return nullptr;
+        }
+      }
     }
-    // The root's node sits below skipped levels (unless it is the top one): check its prefix.
-    if (skipped_of(entry) != 0 &&
-        ((address ^ base_at(node, level)) >> slot_shift(level + 1)) != 0) {
-      return nullptr;
-    }
-    for (;;) {
-      const uintptr_t index = (address >> slot_shift(level)) & (fanout(level) - 1);
-      entry = slot_at(node, level, index).load(std::memory_order_acquire);
-      if (!is_node(entry)) break;
-      node = pointer_of(entry);
-      if (__builtin_expect(skipped_of(entry) == 0, 1)) {
-        // The usual case, taken as predicted: the next index needs the address and the running
-        // level only, not the loaded tag, so the next load issues right after this one.
-        --level;
-      } else {
-        // A path-compressed child covers only part of the slot: check its prefix.
-        level -= 1 + skipped_of(entry);
-        if (((address ^ base_at(node, level)) >> slot_shift(level + 1)) != 0) return nullptr;
+    if constexpr (kFlats) {
+      // A flat node ends the descent (the branch follows the table's shape, so it predicts well):
+      // the page's slot is at a constant offset from the loaded word and an index from the
+      // address. The prefix check loads the header, but is a branch off the path to the slot.
+      if ((entry & kFlatTag) != 0) {
+        const uintptr_t flat = entry - kFlatTag;
+        if (((address ^ header_of(flat)) >> slot_shift(kFlatLevel + 1)) != 0) return nullptr;
+        entry = reinterpret_cast<const FlatNode *>(flat)
+                    ->slots[(address >> kPageShift) & (kFlatFanout - 1)]
+                    .load(std::memory_order_acquire);
       }
     }
   }
+  if (entry == 0) return nullptr;
   PgtRegion *region = region_of(entry);
-  if ((entry & kPartialTag) != 0 && address - region->start >= region->end - region->start) {
-    return nullptr;
-  }
+  // A branch, predicted taken on a hit: the caller's use of the region does not wait for it.
+  if (__builtin_expect(address - region->start >= region->end - region->start, 0)) return nullptr;
   return region;
 }
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 template <class Visit>
-bool RadixPageTable<kInnerBits, kLeafBits>::walk_range(uintptr_t entry, unsigned slot_level,
-                                                       uintptr_t &cursor, uintptr_t to,
-                                                       Visit &visit) {
+bool RadixPageTable<kInnerBits, kLeafBits>::walk_range(uintptr_t entry, uintptr_t &cursor,
+                                                       uintptr_t to, Visit &visit) {
   if (entry == 0) return true;
   if (!is_node(entry)) {
     PgtRegion *region = region_of(entry);
@@ -336,16 +432,16 @@ bool RadixPageTable<kInnerBits, kLeafBits>::walk_range(uintptr_t entry, unsigned
       return true;
     }
   }
-  const NodeRef node = node_of(entry, slot_level);
+  const NodeRef node = node_of(entry);
   const uintptr_t base = node.base();
   if (node.end() <= cursor || base >= to) return true;
-  const unsigned shift = slot_shift(node.level);
+  const unsigned shift = node.shift();
   for (uintptr_t i = cursor > base ? (cursor - base) >> shift : 0; i < node.fanout(); ++i) {
     const uintptr_t block = base + (i << shift);
     if (block >= to) break;
-    if (block + block_size(node.level) <= cursor) continue;  // a region visited already covers it
+    if (block + node.slot_size() <= cursor) continue;  // a region visited already covers it
     const uintptr_t child = node.slot(static_cast<unsigned>(i)).load(std::memory_order_acquire);
-    if (!walk_range(child, node.level, cursor, to, visit)) return false;
+    if (!walk_range(child, cursor, to, visit)) return false;
   }
   return true;
 }
@@ -357,13 +453,12 @@ void RadixPageTable<kInnerBits, kLeafBits>::for_each_overlapping(uintptr_t from,
   if (to > kAddressLimit) to = kAddressLimit;
   if (from >= to) return;
   uintptr_t cursor = from;
-  walk_range(root_.load(std::memory_order_acquire), kLevels, cursor, to, visit);
+  walk_range(root_.load(std::memory_order_acquire), cursor, to, visit);
 }
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 template <class OnRegion>
-void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, unsigned slot_level,
-                                                       const PgtRegion *&last,
+void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, const PgtRegion *&last,
                                                        OnRegion &on_region) {
   if (entry == 0) return;
   if (!is_node(entry)) {
@@ -376,11 +471,11 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, unsigned
     }
     return;
   }
-  const NodeRef node = node_of(entry, slot_level);
+  const NodeRef node = node_of(entry);
   for (unsigned i = 0; i < node.fanout(); ++i) {
-    purge_walk(node.slot(i).load(std::memory_order_relaxed), node.level, last, on_region);
+    purge_walk(node.slot(i).load(std::memory_order_relaxed), last, on_region);
   }
-  retire(node);  // unlinked already (root cleared), and never read again
+  retire(node);  // unlinked already (root cleared), and never read again by this walk
 }
 
 template <unsigned kInnerBits, unsigned kLeafBits>
@@ -391,8 +486,27 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   size_.store(0, std::memory_order_relaxed);
   nodes_.store(0, std::memory_order_relaxed);
   bytes_.store(0, std::memory_order_relaxed);
+  flats_ = 0;
   const PgtRegion *last = nullptr;
-  purge_walk(root, kLevels, last, on_region);
+  purge_walk(root, last, on_region);
+  pool_.flush();
+}
+
+template <unsigned kInnerBits, unsigned kLeafBits>
+template <class Fn>
+void RadixPageTable<kInnerBits, kLeafBits>::nodes_below(uintptr_t entry, Fn &fn) {
+  if (!is_node(entry)) return;
+  const NodeRef node = node_of(entry);
+  fn(reinterpret_cast<const void *>(node.ptr));
+  for (unsigned i = 0; i < node.fanout(); ++i) {
+    nodes_below(node.slot(i).load(std::memory_order_relaxed), fn);
+  }
+}
+
+template <unsigned kInnerBits, unsigned kLeafBits>
+template <class Fn>
+void RadixPageTable<kInnerBits, kLeafBits>::for_each_node(Fn &&fn) const {
+  nodes_below(root_.load(std::memory_order_relaxed), fn);
 }
 
 // Instantiated in pgtable.cc: the uniform shapes 2..8 and the hybrids the benchmark compares.

@@ -5,6 +5,7 @@
 // and range walks visit them once, in order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -238,6 +239,112 @@ TEST_P(PgtableConcurrencyTest, ReadersNeverSeeRemovedOrReclaimedRegions) {
   std::lock_guard lock(graveyard_mutex_);
   EXPECT_EQ(graveyard_.size(), removed_);
   for (TestRegion *region : graveyard_) EXPECT_EQ(region->alive.load(), kPoison);
+}
+
+// Flat nodes made and unmade under readers: one permanent region at the start of every group of
+// two level-1 blocks; the writer adds a second region to every group of a block (its level-1 node
+// becomes flat) and takes them away again (back to a tree), in random order, over and over.
+TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
+  if (!PageTable::kFlats) GTEST_SKIP() << "PageTable's shape has no flat nodes";
+  {
+    std::lock_guard lock(graveyard_mutex_);
+    graveyard_.clear();  // the previous test's fixture deleted them
+  }
+  constexpr uintptr_t kBlocks = 0x600000000000;
+  constexpr uintptr_t kGroup = PageTable::kLeafFanout * kPage;
+  constexpr unsigned kGroups = 2 * PageTable::kInnerFanout;
+  std::vector<std::unique_ptr<TestRegion>> anchors;
+  for (unsigned g = 0; g < kGroups; ++g) {
+    anchors.push_back(
+        std::make_unique<TestRegion>(kBlocks + g * kGroup, kBlocks + g * kGroup + kPage));
+    ASSERT_EQ(table_.insert(anchors.back().get()), MRC_OK);
+  }
+  std::atomic<uint64_t> completed{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> failures{0}, stale{0}, reclaimed{0}, lookups{0};
+  std::atomic<uint64_t> lookups_seen{0};  // while running, in steps of 1024
+  auto reader = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    uint64_t count = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      EpochGuard guard(domain_);
+      const uint64_t done = completed.load(std::memory_order_acquire);
+      const unsigned g = static_cast<unsigned>(rng() % kGroups);
+      const uintptr_t address = kBlocks + g * kGroup + rng() % kGroup;
+      PgtRegion *found = table_.lookup(address);
+      if (++count % 1024 == 0) lookups_seen.fetch_add(1024, std::memory_order_relaxed);
+      if (address < kBlocks + g * kGroup + kPage && found != anchors[g].get())
+        failures.fetch_add(1);
+      if (found == nullptr) continue;
+      auto *region = static_cast<TestRegion *>(found);
+      if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed.fetch_add(1);
+      if (address < region->start || address >= region->end) failures.fetch_add(1);
+      const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
+      if (removed_at != 0 && removed_at <= done) stale.fetch_add(1);
+    }
+    lookups.fetch_add(count);
+  };
+  std::vector<std::thread> readers;
+  for (uint64_t seed = 11; seed <= 12; ++seed) readers.emplace_back(reader, seed);
+
+  std::mt19937_64 rng(7);
+  uint64_t sequence = 0;
+  size_t flattened = 0, unflattened = 0, flats = table_.flat_count();
+  auto count_flats = [&] {
+    const size_t now = table_.flat_count();
+    flattened += now > flats ? now - flats : 0;
+    unflattened += now < flats ? flats - now : 0;
+    flats = now;
+  };
+#if defined(MRC_TSAN)
+  constexpr int kCycles = 6;
+#else
+  constexpr int kCycles = 40;
+#endif
+  // At least kCycles, and until the readers have really run alongside (on a loaded machine they
+  // may start late); a deadline keeps a starved run bounded.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int cycle = 0; cycle < kCycles || (lookups_seen.load(std::memory_order_relaxed) < 20'000 &&
+                                          std::chrono::steady_clock::now() < deadline);
+       ++cycle) {
+    const unsigned block = cycle % 2;
+    std::vector<TestRegion *> added;
+    for (unsigned g = block * PageTable::kInnerFanout; g < (block + 1) * PageTable::kInnerFanout;
+         ++g) {
+      const uintptr_t at =
+          kBlocks + g * kGroup + (2 + rng() % (PageTable::kLeafFanout - 2)) * kPage;
+      added.push_back(new TestRegion(at, at + kPage));
+    }
+    std::shuffle(added.begin(), added.end(), rng);
+    for (TestRegion *region : added) {
+      ASSERT_EQ(table_.insert(region), MRC_OK);
+      count_flats();
+    }
+    std::shuffle(added.begin(), added.end(), rng);
+    for (TestRegion *region : added) {
+      ASSERT_EQ(table_.remove(region), MRC_OK);
+      region->removed_at.store(++sequence, std::memory_order_relaxed);
+      completed.store(sequence, std::memory_order_release);
+      count_flats();
+      domain_.retire(region, [](void *object) {
+        auto *r = static_cast<TestRegion *>(object);
+        r->alive.store(kPoison, std::memory_order_relaxed);
+        std::lock_guard lock(graveyard_mutex_);
+        graveyard_.push_back(r);
+      });
+    }
+    ASSERT_TRUE(table_.check_invariants());
+  }
+  stop.store(true);
+  for (auto &t : readers) t.join();
+  EXPECT_GT(flattened, 0u);
+  EXPECT_GT(unflattened, 0u);
+  EXPECT_EQ(failures.load(), 0u) << "a permanent region went missing, or a wrong region";
+  EXPECT_EQ(stale.load(), 0u) << "a lookup returned a region removed before it began";
+  EXPECT_EQ(reclaimed.load(), 0u) << "a region was reclaimed under a reader";
+  EXPECT_GT(lookups.load(), 1000u);
+  for (auto &anchor : anchors) ASSERT_EQ(table_.remove(anchor.get()), MRC_OK);
+  domain_.synchronize();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pgtable/epoch.h"
@@ -23,12 +24,16 @@ struct Layout {
   unsigned clusters;  // far apart: path compression between them
   uintptr_t bases[3];
   uintptr_t span_pages;  // pages per cluster
+  // Mostly one- and two-page regions, in phases that fill the span and drain it again: level-1
+  // nodes fill up with leaves (flat nodes) and thin out (back to trees).
+  bool packed = false;
 };
 
 constexpr Layout kLayouts[] = {
     {"dense", 1, {0x7f0000000000, 0, 0}, 1u << 12},
     {"clusters", 3, {0x555555554000, 0x7ffff0000000, 0x10000}, 1u << 14},
     {"edges", 3, {(uintptr_t{1} << 57) - (uintptr_t{1} << 28), 0, 0x100000000000}, 1u << 16},
+    {"packed", 1, {0x7f0000000000, 0, 0}, 1u << 12, true},
 };
 
 template <class Table>
@@ -44,9 +49,13 @@ class Differential {
   void run(size_t operations) {
     for (size_t op = 0; op < operations; ++op) {
       const unsigned dice = pick(100);
-      if (dice < 30) {
+      // Packed: alternately filling (45% inserts, 15% removals) and draining (10%, 50%).
+      const bool draining = layout_.packed && (op / 6000) % 2 == 1;
+      const unsigned inserts = !layout_.packed ? 30 : draining ? 10 : 45;
+      const unsigned removals = !layout_.packed ? 50 : 60;
+      if (dice < inserts) {
         insert();
-      } else if (dice < 50) {
+      } else if (dice < removals) {
         remove();
       } else if (dice < 90) {
         lookup();
@@ -60,6 +69,7 @@ class Differential {
     }
     ASSERT_TRUE(table_.check_invariants());
     ASSERT_EQ(table_.size(), model_.size());
+    RecordFlats();
     // The run exercised what it claims to: collisions, splits and collapses of nodes.
     EXPECT_GT(inserted_, operations / 20);
     EXPECT_GT(removed_, operations / 20);
@@ -84,6 +94,7 @@ class Differential {
 
   uintptr_t random_length() {
     const unsigned kind = pick(100);
+    if (layout_.packed && kind < 95) return (1 + pick64(2)) * kPage;
     if (kind < 60) return (1 + pick64(4)) * kPage;
     if (kind < 90) return (1 + pick64(64)) * kPage;
     if (kind < 99) return (1 + pick64(layout_.span_pages / 4)) * kPage;
@@ -125,6 +136,7 @@ class Differential {
       model_[start] = region;
       ++inserted_;
       max_nodes_ = std::max(max_nodes_, table_.node_count());
+      count_flat_changes();
     }
     if (expected == MRC_ERR_EXISTS) ++collisions_;
   }
@@ -136,6 +148,7 @@ class Differential {
       ASSERT_EQ(table_.remove(it->second), MRC_OK);
       model_.erase(it);
       ++removed_;
+      count_flat_changes();
       return;
     }
     // Absent: a copy of a present region, or a range nobody inserted.
@@ -186,6 +199,24 @@ class Differential {
   std::map<uintptr_t, PgtRegion *> model_;
   std::vector<std::unique_ptr<PgtRegion>> storage_;
   size_t inserted_ = 0, removed_ = 0, collisions_ = 0, max_nodes_ = 0;
+  size_t flats_ = 0, flattened_ = 0, unflattened_ = 0;
+
+  void count_flat_changes() {
+    const size_t flats = table_.flat_count();
+    if (flats > flats_) flattened_ += flats - flats_;
+    if (flats < flats_) unflattened_ += flats_ - flats;
+    flats_ = flats;
+  }
+
+ public:
+  // Where the table's shape has flat nodes, the packed layout makes and unmakes them.
+  void RecordFlats() {
+    if (!Table::kFlats || !layout_.packed) return;
+    EXPECT_GT(flattened_, 0u) << "no level-1 node became flat";
+    EXPECT_GT(unflattened_, 0u) << "no flat node went back to a tree";
+    ::testing::Test::RecordProperty(std::string("flattened_") + layout_.name,
+                                    std::to_string(flattened_));
+  }
 };
 
 template <class Table>
@@ -201,7 +232,7 @@ void run_seeds(size_t operations_per_run) {
   }
 }
 
-// 9 runs each: 9 * 120,000 = 1,080,000 operations for the production shape (PageTable).
+// 12 runs each: 12 * 120,000 = 1,440,000 operations for the production shape (PageTable).
 TEST(PgtableDifferential, PageTableAgainstMapModel) { run_seeds<PageTable>(120'000); }
 TEST(PgtableDifferential, Fanout4AgainstMapModel) { run_seeds<detail::RadixPageTable<2>>(30'000); }
 TEST(PgtableDifferential, Fanout16AgainstMapModel) { run_seeds<detail::RadixPageTable<4>>(30'000); }

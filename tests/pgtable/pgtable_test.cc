@@ -289,6 +289,66 @@ TYPED_TEST(PgtableTest, PurgeVisitsEachRegionOnceInOrderAndEmptiesTheTable) {
   EXPECT_EQ(this->table_.lookup(0x10000fff), again);
 }
 
+TYPED_TEST(PgtableTest, PackedBlocksBecomeFlatAndGoBack) {
+  using Table = TypeParam;
+  if constexpr (!Table::kFlats) {
+    GTEST_SKIP() << "this shape has no flat nodes (they would be bigger than 16 KiB)";
+  } else {
+    // Two one-page regions in every group of leaf-sized blocks, over two level-1 blocks: every
+    // group needs a leaf, so each level-1 node becomes flat once kFlatFrom of them have one.
+    const uintptr_t base = 0x7f0000000000;
+    const uintptr_t group = Table::kLeafFanout * kPage;
+    const unsigned groups = 2 * Table::kInnerFanout;
+    std::vector<PgtRegion *> first, second;
+    size_t bytes_before_flat = 0, bytes_after_flat = 0;
+    for (unsigned g = 0; g < groups; ++g) {
+      first.push_back(this->add(base + g * group, base + g * group + kPage));
+      const size_t bytes = this->table_.memory_bytes();
+      const size_t flats = this->table_.flat_count();
+      second.push_back(this->add(base + g * group + 2 * kPage, base + g * group + 3 * kPage));
+      if (flats == 0 && this->table_.flat_count() == 1) {
+        bytes_before_flat = bytes;
+        bytes_after_flat = this->table_.memory_bytes();
+      }
+    }
+    EXPECT_EQ(this->table_.flat_count(), 2u);
+    // The flat node is smaller than the level-1 node and the leaves it replaced (the leaf that
+    // made it flat included).
+    const size_t leaf_bytes = sizeof(uintptr_t) * (Table::kLeafFanout + 1);
+    EXPECT_GT(bytes_before_flat, 0u);
+    EXPECT_LT(bytes_after_flat, bytes_before_flat + leaf_bytes);
+    EXPECT_TRUE(this->table_.check_invariants());
+    for (unsigned g = 0; g < groups; ++g) {
+      const uintptr_t at = base + g * group;
+      EXPECT_EQ(this->table_.lookup(at + kPage / 2), first[g]);
+      EXPECT_EQ(this->table_.lookup(at + kPage), nullptr);
+      EXPECT_EQ(this->table_.lookup(at + 3 * kPage - 1), second[g]);
+      EXPECT_EQ(this->table_.lookup(at + 3 * kPage), nullptr);
+    }
+    std::vector<PgtRegion *> all;
+    for (unsigned g = 0; g < groups; ++g) {
+      all.push_back(first[g]);
+      all.push_back(second[g]);
+    }
+    EXPECT_EQ(this->overlapping(base, base + groups * group), all);
+    // A flat node's prefix is checked: the same page offsets in another block miss.
+    EXPECT_EQ(this->table_.lookup(base + Table::block_size(2) * 4), nullptr);
+
+    // Thinned out group by group, the first block's flat node goes back to a tree once fewer
+    // than kFlatUntil of its groups hold two regions.
+    for (unsigned g = 0; g < Table::kInnerFanout; ++g) {
+      ASSERT_EQ(this->table_.remove(second[g]), MRC_OK);
+      const bool leafy_enough = Table::kInnerFanout - (g + 1) >= Table::kFlatUntil;
+      EXPECT_EQ(this->table_.flat_count(), leafy_enough ? 2u : 1u) << g;
+      EXPECT_EQ(this->table_.lookup(base + g * group + 2 * kPage), nullptr);
+      EXPECT_EQ(this->table_.lookup(base + g * group), first[g]);
+    }
+    EXPECT_TRUE(this->table_.check_invariants());
+    EXPECT_EQ(this->table_.lookup(base + (Table::kInnerFanout + 1) * group + 2 * kPage),
+              second[Table::kInnerFanout + 1]);
+  }
+}
+
 TYPED_TEST(PgtableTest, NodesAreReclaimedThroughTheDomain) {
   std::vector<PgtRegion *> regions;
   for (uintptr_t i = 0; i < 64; ++i)
