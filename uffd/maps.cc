@@ -6,7 +6,9 @@
 //   6.16 and 6.18 kept PROCMAP_QUERY's locking state in the open file. Callers take the first
 //   free slot with try_lock, else wait on one chosen round-robin. The fork handlers (monitor.cc)
 //   take every slot mutex before fork and, in the child, close the descriptors: an inherited
-//   /proc/self/maps still describes the parent's address space. g_procmap_unsupported and
+//   /proc/self/maps still describes the parent's address space. When the monitor stops (the last
+//   cache left), it closes them too, one slot mutex at a time under the registry mutex: a query
+//   running then finishes first, a later one opens a descriptor again. g_procmap_unsupported and
 //   g_force_fallback are relaxed flags: a stale read only costs one more failed ioctl or one more
 //   parse.
 #include <fcntl.h>
@@ -264,6 +266,13 @@ void force_maps_fallback(bool on) { g_force_fallback.store(on, std::memory_order
 }  // namespace testing
 
 namespace detail {
+namespace {
+// REQUIRES: slot->mutex.
+void close_slot(MapsSlot *slot) noexcept {
+  if (slot->fd >= 0) close(slot->fd);
+  slot->fd = -1;
+}
+}  // namespace
 
 void maps_prepare_fork() noexcept {
   for (MapsSlot &slot : g_maps) slot.mutex.lock();
@@ -275,9 +284,15 @@ void maps_parent_after_fork() noexcept {
 
 void maps_child_after_fork() noexcept {
   for (unsigned i = kMapsSlots; i-- > 0;) {
-    if (g_maps[i].fd >= 0) close(g_maps[i].fd);
-    g_maps[i].fd = -1;
+    close_slot(&g_maps[i]);
     g_maps[i].mutex.unlock();
+  }
+}
+
+void maps_close_descriptors() noexcept {
+  for (MapsSlot &slot : g_maps) {
+    std::lock_guard<std::mutex> hold(slot.mutex);
+    close_slot(&slot);
   }
 }
 

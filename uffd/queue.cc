@@ -1,14 +1,10 @@
 // The invalidation queue (see queue.h for the synchronization contract).
 #include "uffd/queue.h"
 
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <climits>
 
 #include "pgtable/check.h"
+#include "uffd/internal.h"
 
 namespace mrc::uffd {
 namespace {
@@ -19,11 +15,6 @@ void cpu_relax() noexcept {
 #elif defined(__aarch64__)
   asm volatile("yield" ::: "memory");
 #endif
-}
-
-long futex(std::atomic<uint32_t> *word, int op, uint32_t value) noexcept {
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  return syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, value, nullptr, nullptr, 0);
 }
 
 }  // namespace
@@ -71,7 +62,7 @@ void InvalidationQueue::end_batch() noexcept {
   }
   pending_.fetch_sub(1, std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) != 0) {
-    futex(&pending_, FUTEX_WAKE_PRIVATE, INT_MAX);
+    detail::futex_wake_all(&pending_);
   }
 }
 
@@ -96,7 +87,7 @@ void InvalidationQueue::wait_until_idle() const noexcept {
   for (;;) {
     const uint32_t seen = pending_.load(std::memory_order_seq_cst);
     if (seen == 0) break;
-    futex(&pending_, FUTEX_WAIT_PRIVATE, seen);  // returns at once if pending_ != seen
+    detail::futex_wait(&pending_, seen);  // returns at once if pending_ != seen
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }

@@ -183,6 +183,11 @@ uint64_t registrations();
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end));
 // The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).
 int monitor_fd();
+// How the running monitor thread waits: "io_uring+defer" (single issuer, deferred task work),
+// "io_uring" (kernels before 6.1), "poll" (io_uring unavailable or failed, or forced), "none"
+// when no monitor runs. A subscription returns once the thread has chosen ("not started" never
+// shows then).
+const char *monitor_loop();
 }  // namespace testing
 
 // ---- inline ----

@@ -1,6 +1,7 @@
 // The monitor's life: start/stop/restart, modes and reasons, overflow, fork, seccomp, and the
 // test-only switches.
 #include <fcntl.h>
+#include <liburing.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -9,9 +10,11 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <string>
 
 #include "tests/uffd/helpers.h"
@@ -55,6 +58,51 @@ TEST(Lifecycle, StartStopRestartAThousandTimesLeaksNothing) {
   EXPECT_EQ(count_dir("/proc/self/fd"), fds);
   EXPECT_EQ(count_dir("/proc/self/task"), tasks);
   EXPECT_EQ(monitor_info().running, 0);
+}
+
+// subscribe() returns only once the monitor thread runs the monitor's own code: before that it
+// is inside the threading runtime's start-up, which may hold that runtime's locks (ASan's
+// allocator); a fork then handed them to the child, whose own monitor blocked on them while the
+// child's munmap waited for that monitor (the hang of Fork.ChildForgetsAndReArms... under ASan).
+TEST(Lifecycle, SubscribeReturnsOnceTheMonitorThreadRuns) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  for (int i = 0; i < 200; ++i) {
+    Subscription consumer;
+    ASSERT_STRNE(testing::monitor_loop(), "not started") << "subscription " << i;
+  }
+  EXPECT_STREQ(testing::monitor_loop(), "none");
+}
+
+// Linux release as major * 100 + minor (6.1 -> 601).
+int kernel_release() {
+  utsname name;
+  if (uname(&name) != 0) return 0;
+  int major = 0;
+  int minor = 0;
+  if (sscanf(name.release, "%d.%d", &major, &minor) != 2) return 0;
+  return major * 100 + minor;
+}
+
+// The monitor waits on io_uring with a single issuer and deferred task work (Linux 6.1+): the
+// monitor thread itself must enable the ring, or the kernel refuses its submissions and the loop
+// falls back to poll(2), silently slower.
+TEST(Lifecycle, TheMonitorWaitsOnIoUringWithDeferredTaskWork) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  io_uring probe;
+  const int rc = io_uring_queue_init(4, &probe, 0);
+  if (rc != 0) GTEST_SKIP() << "io_uring is not available here: " << strerrorname_np(-rc);
+  io_uring_queue_exit(&probe);
+  Subscription consumer;
+  EXPECT_STREQ(testing::monitor_loop(), kernel_release() >= 601 ? "io_uring+defer" : "io_uring");
+  const size_t length = 4 * page_size();
+  for (int i = 0; i < 3; ++i) {
+    char *p = map_anonymous(length);
+    ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+    ASSERT_EQ(munmap(p, length), 0);
+    EXPECT_TRUE(covered(drain_all(consumer.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+    consumer->unwatch(u(p), length);
+  }
+  EXPECT_STREQ(testing::monitor_loop(), kernel_release() >= 601 ? "io_uring+defer" : "io_uring");
 }
 
 // A stopped monitor must leave no registration behind: the next monitor registers the same
@@ -186,6 +234,7 @@ TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
   } restore;
   Subscription consumer;
   if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  EXPECT_STREQ(testing::monitor_loop(), "poll");
   const size_t length = 4 * page_size();
   for (int i = 0; i < 100; ++i) {
     char *p = map_anonymous(length);
@@ -259,6 +308,59 @@ TEST(Fork, ChildForgetsAndReArmsWhileTheParentCarriesOn) {
       << "the child's munmap is the child's business\n"
       << describe(records);
   munmap(shared_before, length);
+}
+
+// Descriptors of /proc/self/maps open in this process.
+size_t open_maps_descriptors() {
+  char own[64];
+  snprintf(own, sizeof(own), "/proc/%d/maps", static_cast<int>(getpid()));
+  size_t n = 0;
+  DIR *dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  while (dirent *entry = readdir(dir)) {
+    char path[PATH_MAX];
+    char link[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", entry->d_name);
+    const ssize_t length = readlink(path, link, sizeof(link) - 1);
+    if (length <= 0) continue;
+    link[length] = '\0';
+    if (strcmp(link, own) == 0) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// The /proc/self/maps descriptors that mapping queries keep open are closed when the last
+// subscriber leaves. In a forked child, which starts with none open (the fork handler closed the
+// inherited ones), whatever earlier tests of this process queried.
+TEST(Fork, LastUnsubscribeClosesTheMapsDescriptors) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    CHILD_CHECK(open_maps_descriptors() == 0);
+    const size_t fds = count_dir("/proc/self/fd");
+    for (int round = 0; round < 3; ++round) {
+      Consumer *first = nullptr;
+      Consumer *second = nullptr;
+      CHILD_CHECK(Monitor::subscribe(&first) == MRC_OK);
+      CHILD_CHECK(Monitor::subscribe(&second) == MRC_OK);
+      const size_t length = 4 * page_size();
+      char *p = static_cast<char *>(
+          mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      CHILD_CHECK(first->watch(u(p), length) == WatchResult::Watched);
+      CHILD_CHECK(open_maps_descriptors() >= 1);  // the watch queried the mapping
+      first->unwatch(u(p), length);
+      Monitor::unsubscribe(first);
+      CHILD_CHECK(open_maps_descriptors() >= 1);  // a subscriber is left: kept for it
+      Monitor::unsubscribe(second);
+      CHILD_CHECK(open_maps_descriptors() == 0);
+      CHILD_CHECK(count_dir("/proc/self/fd") == fds);
+      munmap(p, length);
+    }
+    _exit(0);
+  }
+  EXPECT_EQ(wait_child(pid), 0);
 }
 
 // A /proc/self/maps descriptor kept open by the parent describes the parent: a forked child

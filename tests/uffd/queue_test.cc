@@ -6,16 +6,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/uffd/fixtures.h"
 #include "uffd/queue.h"
 
 namespace mrc::uffd {
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || defined(MRC_TSAN)
-constexpr uint64_t kScale = 10;
-#else
-constexpr uint64_t kScale = 1;
-#endif
+constexpr uint64_t kScale = test::kScale;
 
 Invalidation record_for(uint64_t i) {
   return Invalidation{static_cast<uintptr_t>(i * 4096), static_cast<uintptr_t>(i * 4096 + 4096),

@@ -8,30 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/uffd/fixtures.h"
 #include "tests/uffd/helpers.h"
 
 namespace mrc::uffd::test {
 namespace {
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || defined(MRC_TSAN)
-constexpr int kScale = 10;
-#else
-constexpr int kScale = 1;
-#endif
-
-class Race : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
-    if (consumer_->mode() == MRC_MONITOR_UNCACHED) {
-      GTEST_SKIP() << "no userfaultfd here: " << monitor_info().reason;
-    }
-  }
-  void TearDown() override {
-    if (consumer_ != nullptr) Monitor::unsubscribe(consumer_);
-  }
-  Consumer *consumer_ = nullptr;
-};
+using Race = SubscribedTest;
 
 // Stops and joins a thread when the scope ends, even on a failed ASSERT.
 class Joined {

@@ -1,31 +1,44 @@
 // The userfaultfd monitor's costs, with the references they are judged against, in one run:
 //
-//   BM_MonitorRoundTrip/<loop>          munmap of a watched 64 KiB range (re-mmapped and
+//   BM_MonitorPipePingPong/place:P      one round trip between two threads over two pipes (one
+//                                       byte each way).
+//   BM_MonitorRoundTrip/poll:L/place:P  munmap of a watched 64 KiB range (re-mmapped and
 //                                       watched, untimed, before each iteration): the event
-//                                       round trip. loop 0 = io_uring (the monitor's normal
-//                                       loop), 1 = the poll(2) fallback.
-//   BM_MonitorPipePingPong              one round trip between two threads over two pipes.
-//   BM_MonitorMunmapPlain               munmap of 64 KiB, never watched, no monitor.
+//                                       round trip. L 0 = io_uring (the monitor's normal loop),
+//                                       1 = the poll(2) fallback. Label: the loop that ran.
+//   BM_MonitorMunmapPlain/place:P       munmap of 64 KiB, never watched, no monitor.
 //   BM_MonitorMunmapUnwatched/<running> munmap of unwatched memory, monitor stopped (0) or
 //                                       running (1); goal <= 1.02x (UCX's hooks: ~1.11x).
 //   BM_MonitorUffdRegister/<bytes>      one UFFDIO_REGISTER (write-protect mode) of a range
 //                                       inside a larger mapping.
 //   BM_MonitorWatchArmed                watch()+unwatch() on a block that stays armed.
 //   BM_MonitorWatchFirst                watch() of a fresh block: mapping query + registration.
-//   BM_MonitorSummary                   the ratios: round-trip overhead (round trip minus plain
-//                                       munmap) over ping-pong, goal <= 1.2; unwatched munmap
-//                                       with over without the monitor.
+//   BM_MonitorSummary                   the ratios, per placement: round-trip overhead (round
+//                                       trip minus plain munmap) over ping-pong, goal <= 1.2;
+//                                       unwatched munmap with over without the monitor.
+//
+// Placement P, the same for the ping-pong's two threads and for the unmapper and the monitor
+// thread: 0 = both pinned to one CPU, 1 = pinned to two different CPUs, 2 = not pinned (the
+// scheduler decides, and decides differently for the two: a pipe wakes its reader as a
+// "synchronous" wakeup that pulls it to the waker's CPU, a userfaultfd does not). On a VM a
+// wakeup across CPUs costs far more than a context switch on one CPU (an idle vCPU must be
+// woken by the host), so each placement is compared only with itself. Ping-pong, round trips and
+// plain munmap run interleaved, twice, and each figure is the mean of the two medians, so that
+// drift on the shared machine hits all of them alike.
 //
 // Every timed benchmark reports the median per operation (counter median_us); the summary uses
 // medians, which the noisy shared VM affects least. Run these in a process of their own
 // (--benchmark_filter=BM_Monitor): UCX's rcache, created by bench_cache, patches libc's munmap
 // for the rest of its process.
 #include <benchmark/benchmark.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +46,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -81,31 +95,145 @@ struct Subscribed {
   bool cached() const { return consumer->mode() != MRC_MONITOR_UNCACHED; }
 };
 
-char *map_touched(void *hint, int extra_flags) {
-  void *p =
-      mmap(hint, kRange, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  for (size_t off = 0; off < kRange; off += 4096) static_cast<char *>(p)[off] = 1;
-  return static_cast<char *>(p);
+// Where every timed munmap happens: 64 KiB between two PROT_NONE guard pages. The mapping timed
+// there is always one VMA of its own (its neighbours differ in protection, so the kernel never
+// merges it with them, and munmap never has to split a VMA): plain, unwatched and watched munmaps
+// do the same VMA work whatever else the process has mapped nearby. (Without the guards, a
+// mapping merged with an anonymous neighbour costs a VMA split more to unmap: ~0.7 us here.)
+class Slot {
+ public:
+  Slot() {
+    const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void *reserved = mmap(nullptr, kRange + 2 * guard, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED) std::abort();
+    reserved_ = static_cast<char *>(reserved);
+    bytes_ = kRange + 2 * guard;
+    address_ = reserved_ + guard;
+    if (munmap(address_, kRange) != 0) std::abort();
+  }
+  ~Slot() { munmap(reserved_, bytes_); }
+  Slot(const Slot &) = delete;
+  Slot &operator=(const Slot &) = delete;
+
+  // Maps and touches the slot (nullptr if something else took the address meanwhile).
+  char *map() const {
+    void *p = mmap(address_, kRange, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != address_) return nullptr;
+    for (size_t off = 0; off < kRange; off += 4096) address_[off] = 1;
+    return address_;
+  }
+
+ private:
+  char *reserved_;
+  char *address_;
+  size_t bytes_;
+};
+
+// ---- placement ----
+
+enum Placement { kOneCpu = 0, kTwoCpus = 1, kUnpinned = 2 };
+const char *const kPlacementName[] = {"one_cpu", "two_cpus", "unpinned"};
+
+// The CPUs this process may use, as found at the first call (before any pinning).
+const cpu_set_t &allowed_cpus() {
+  static const cpu_set_t allowed = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) std::abort();
+    return set;
+  }();
+  return allowed;
 }
+
+// The n-th allowed CPU, -1 if there are not that many.
+int allowed_cpu(int n) {
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed_cpus()) && n-- == 0) return cpu;
+  }
+  return -1;
+}
+
+// Pins thread `tid` (0: the caller) to `cpu`, or to every allowed CPU when cpu < 0.
+void pin(pid_t tid, int cpu) {
+  cpu_set_t set = allowed_cpus();
+  if (cpu >= 0) {
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+  }
+  if (sched_setaffinity(tid, sizeof(set), &set) != 0) std::abort();
+}
+
+// The CPUs of the initiating thread and of its partner for a placement; false if this machine
+// cannot provide it (SkipWithError has been called).
+bool placement_cpus(benchmark::State &state, Placement placement, int *mine, int *partner) {
+  *mine = placement == kUnpinned ? -1 : allowed_cpu(0);
+  *partner = placement == kOneCpu ? *mine : placement == kTwoCpus ? allowed_cpu(1) : -1;
+  if (placement == kTwoCpus && *partner < 0) {
+    state.SkipWithError("needs two CPUs");
+    return false;
+  }
+  return true;
+}
+
+// Pins the calling thread for the life of a benchmark run; unpins it at the end.
+struct Pinned {
+  explicit Pinned(int cpu) { pin(0, cpu); }
+  ~Pinned() { pin(0, -1); }
+};
+
+// The thread id of the running monitor ("mrc-monitor"), 0 if none.
+pid_t monitor_tid() {
+  DIR *tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) return 0;
+  pid_t found = 0;
+  while (dirent *entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string path = std::string("/proc/self/task/") + entry->d_name + "/comm";
+    FILE *comm = fopen(path.c_str(), "r");
+    if (comm == nullptr) continue;
+    char name[32] = "";
+    if (fgets(name, sizeof(name), comm) != nullptr && strncmp(name, "mrc-monitor", 11) == 0) {
+      found = static_cast<pid_t>(atoi(entry->d_name));
+    }
+    fclose(comm);
+  }
+  closedir(tasks);
+  return found;
+}
+
+std::string keyed(const char *what, Placement placement) {
+  return std::string(what) + "_" + kPlacementName[placement];
+}
+
+// ---- round trip and its references ----
 
 void BM_MonitorRoundTrip(benchmark::State &state) {
   const bool poll_loop = state.range(0) == 1;
+  const Placement placement = static_cast<Placement>(state.range(1));
+  int mine;
+  int partner;
+  if (!placement_cpus(state, placement, &mine, &partner)) return;
   mrc::uffd::testing::force_poll_loop(poll_loop);
   {
+    Pinned pinned(mine);
     Subscribed sub;
     if (!sub.cached()) {
       state.SkipWithError("no userfaultfd here (uncached mode)");
       mrc::uffd::testing::force_poll_loop(false);
       return;
     }
+    const pid_t monitor = monitor_tid();
+    if (monitor == 0) std::abort();
+    pin(monitor, partner);
+    state.SetLabel(mrc::uffd::testing::monitor_loop());
     std::vector<double> samples;
-    samples.reserve(1 << 16);  // before choosing the address: malloc could mmap it
-    char *address = map_touched(nullptr, 0);
-    munmap(address, kRange);
+    samples.reserve(1 << 16);
+    const Slot slot;
     for (auto _ : state) {
-      char *p = map_touched(address, MAP_FIXED_NOREPLACE);
-      if (p != address ||
+      char *p = slot.map();
+      if (p == nullptr ||
           sub.consumer->watch(reinterpret_cast<uintptr_t>(p), kRange) != WatchResult::Watched) {
         state.SkipWithError("could not map and watch the range");
         break;
@@ -118,17 +246,22 @@ void BM_MonitorRoundTrip(benchmark::State &state) {
       (void)sub.consumer->drain([](const Invalidation &) {});
       sub.consumer->unwatch(reinterpret_cast<uintptr_t>(p), kRange);
     }
-    report(state, samples, poll_loop ? "roundtrip_poll" : "roundtrip");
+    report(state, samples, keyed(poll_loop ? "roundtrip_poll" : "roundtrip", placement));
   }
   mrc::uffd::testing::force_poll_loop(false);
 }
-BENCHMARK(BM_MonitorRoundTrip)->Arg(0)->Arg(1)->UseManualTime()->Iterations(20000);
 
 void BM_MonitorPipePingPong(benchmark::State &state) {
+  const Placement placement = static_cast<Placement>(state.range(0));
+  int mine;
+  int partner;
+  if (!placement_cpus(state, placement, &mine, &partner)) return;
+  Pinned pinned(mine);
   int there[2];
   int back[2];
   if (pipe(there) != 0 || pipe(back) != 0) std::abort();
   std::thread echo([&] {
+    pin(0, partner);
     char byte;
     while (read(there[0], &byte, 1) == 1 && byte != 0) {
       if (write(back[1], &byte, 1) != 1) break;
@@ -148,15 +281,19 @@ void BM_MonitorPipePingPong(benchmark::State &state) {
   if (write(there[1], &byte, 1) != 1) std::abort();
   echo.join();
   for (int fd : {there[0], there[1], back[0], back[1]}) close(fd);
-  report(state, samples, "pingpong");
+  report(state, samples, keyed("pingpong", placement));
 }
-BENCHMARK(BM_MonitorPipePingPong)->UseManualTime()->Iterations(20000);
 
 void time_munmaps(benchmark::State &state, const std::string &key) {
   std::vector<double> samples;
   samples.reserve(1 << 16);
+  const Slot slot;
   for (auto _ : state) {
-    char *p = map_touched(nullptr, 0);
+    char *p = slot.map();
+    if (p == nullptr) {
+      state.SkipWithError("the slot's address was taken");
+      break;
+    }
     const double start = now_seconds();
     munmap(p, kRange);
     const double elapsed = now_seconds() - start;
@@ -166,8 +303,41 @@ void time_munmaps(benchmark::State &state, const std::string &key) {
   report(state, samples, key);
 }
 
-void BM_MonitorMunmapPlain(benchmark::State &state) { time_munmaps(state, "munmap_plain"); }
-BENCHMARK(BM_MonitorMunmapPlain)->UseManualTime()->Iterations(20000);
+// On the unmapper's CPU of the same placement.
+void BM_MonitorMunmapPlain(benchmark::State &state) {
+  const Placement placement = static_cast<Placement>(state.range(0));
+  int mine;
+  int partner;
+  if (!placement_cpus(state, placement, &mine, &partner)) return;
+  Pinned pinned(mine);
+  time_munmaps(state, keyed("munmap_plain", placement));
+}
+
+// Interleaved per placement, twice: ping-pong, round trip (io_uring, poll), plain munmap.
+const bool g_registered_round_trips = [] {
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t placement : {kOneCpu, kTwoCpus, kUnpinned}) {
+      benchmark::RegisterBenchmark("BM_MonitorPipePingPong", BM_MonitorPipePingPong)
+          ->ArgName("place")
+          ->Arg(placement)
+          ->UseManualTime()
+          ->Iterations(20000);
+      for (int64_t poll : {0, 1}) {
+        benchmark::RegisterBenchmark("BM_MonitorRoundTrip", BM_MonitorRoundTrip)
+            ->ArgNames({"poll", "place"})
+            ->Args({poll, placement})
+            ->UseManualTime()
+            ->Iterations(20000);
+      }
+      benchmark::RegisterBenchmark("BM_MonitorMunmapPlain", BM_MonitorMunmapPlain)
+          ->ArgName("place")
+          ->Arg(placement)
+          ->UseManualTime()
+          ->Iterations(20000);
+    }
+  }
+  return true;
+}();
 
 void BM_MonitorMunmapUnwatched(benchmark::State &state) {
   if (state.range(0) == 0) {
@@ -180,8 +350,13 @@ void BM_MonitorMunmapUnwatched(benchmark::State &state) {
     return;
   }
   // Something is watched elsewhere, as in a real process.
-  char *watched = map_touched(nullptr, 0);
-  (void)sub.consumer->watch(reinterpret_cast<uintptr_t>(watched), kRange);
+  const Slot elsewhere;
+  char *watched = elsewhere.map();
+  if (watched == nullptr ||
+      sub.consumer->watch(reinterpret_cast<uintptr_t>(watched), kRange) != WatchResult::Watched) {
+    state.SkipWithError("could not map and watch memory elsewhere");
+    return;
+  }
   time_munmaps(state, "unwatched_monitor");
   sub.consumer->unwatch(reinterpret_cast<uintptr_t>(watched), kRange);
   munmap(watched, kRange);
@@ -302,18 +477,25 @@ void BM_MonitorSummary(benchmark::State &state) {
   for (auto _ : state) {
   }
   const auto &m = medians();
-  auto has = [&m](const char *key) { return m.count(key) != 0; };
-  if (has("roundtrip") && has("pingpong") && has("munmap_plain")) {
-    const double overhead = m.at("roundtrip") - m.at("munmap_plain");
-    state.counters["roundtrip_us"] = m.at("roundtrip") * 1e6;
-    state.counters["overhead_us"] = overhead * 1e6;
-    state.counters["pingpong_us"] = m.at("pingpong") * 1e6;
-    state.counters["overhead_over_pingpong"] = overhead / m.at("pingpong");
-    state.counters["roundtrip_over_pingpong"] = m.at("roundtrip") / m.at("pingpong");
-  }
-  if (has("roundtrip_poll") && has("munmap_plain") && has("pingpong")) {
-    state.counters["poll_overhead_over_pingpong"] =
-        (m.at("roundtrip_poll") - m.at("munmap_plain")) / m.at("pingpong");
+  auto has = [&m](const std::string &key) { return m.count(key) != 0; };
+  for (const Placement placement : {kOneCpu, kTwoCpus, kUnpinned}) {
+    const std::string roundtrip = keyed("roundtrip", placement);
+    const std::string poll = keyed("roundtrip_poll", placement);
+    const std::string pingpong = keyed("pingpong", placement);
+    const std::string plain = keyed("munmap_plain", placement);
+    const std::string suffix = std::string("_") + kPlacementName[placement];
+    if (!has(pingpong) || !has(plain)) continue;
+    state.counters["pingpong_us" + suffix] = m.at(pingpong) * 1e6;
+    state.counters["munmap_us" + suffix] = m.at(plain) * 1e6;
+    if (has(roundtrip)) {
+      const double overhead = m.at(roundtrip) - m.at(plain);
+      state.counters["roundtrip_us" + suffix] = m.at(roundtrip) * 1e6;
+      state.counters["overhead_over_pingpong" + suffix] = overhead / m.at(pingpong);
+    }
+    if (has(poll)) {
+      state.counters["poll_overhead_over_pingpong" + suffix] =
+          (m.at(poll) - m.at(plain)) / m.at(pingpong);
+    }
   }
   if (has("unwatched_monitor") && has("unwatched_no_monitor")) {
     state.counters["unwatched_monitor_over_none"] =
