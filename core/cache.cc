@@ -726,7 +726,6 @@ void Cache::finish(Region *region) noexcept {
   region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
-  region->change_flags(Region::kFinished);
   Region *head = finished_.load(std::memory_order_relaxed);
   do {
     region->gc_next = head;

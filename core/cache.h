@@ -14,11 +14,11 @@
 //   relaxed store, only when it was clear).
 //   Because the cursor is released only after the removals of a batch are applied, a thread
 //   that sees the queue drained also sees those regions gone.
-// - The last put finishes a region without any lock (deregistration, unwatch, callbacks) and
-//   pushes it on finished_ (lock-free stack); the next holder of mutex_ unlinks it from the live
-//   list and retires it to the epoch domain. Region memory is recycled (pool) or freed only
-//   through the epoch domain, so a fast-path reader holding a stale pointer never touches reused
-//   memory.
+// - The last put finishes a region without any lock (deregistration, callbacks) and pushes it
+//   on finished_ (lock-free stack); the next holder of mutex_ unlinks it from the live list and
+//   retires it, unwatching its range and handing it to the epoch domain in batches. Region memory
+//   is recycled (pool) or freed only through the epoch domain, so a fast-path reader holding a
+//   stale pointer never touches reused memory.
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
@@ -65,7 +65,6 @@ struct Region : PgtRegion, mrc_region {
     kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
     kUnreleased = 1U << 7,  // left the table referenced: counted in unreleased bytes
-    kFinished = 1U << 8,    // finish() ran: waiting on finished_ to be unlinked and retired
   };
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
