@@ -644,6 +644,10 @@ void Cache::release(Region *region) noexcept {
   if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
       (flags & Region::kForgotten) == 0) {
     // Deferred: deregistration is batched until max_unreleased bytes wait or the slow path runs.
+    if ((flags & Region::kUnreleased) == 0) {  // uncached: never left a table, counted from now
+      region->change_flags(Region::kUnreleased);
+      hot_.add(Counter::UnreleasedBytes, region->length());
+    }
     Region *head = garbage_.load(std::memory_order_relaxed);
     do {
       region->gc_next = head;
@@ -832,11 +836,11 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
 }
 
 void Cache::stats(mrc_stats_t *out) noexcept {
-  collect_garbage();
   SlowStats slow{};
   mrc_stats_t stats{};
   uint64_t ended_bytes = 0;
   uint64_t released_bytes = 0;
+  uint64_t unreleased_uncached = 0;
   {
     // The sharded sums under the lock too: what they subtract was then added before (under the
     // lock), so the differences never go below zero.
@@ -845,6 +849,7 @@ void Cache::stats(mrc_stats_t *out) noexcept {
     stats.regions = cached_regions_;
     ended_bytes = hot_.sum(Counter::EndedBytes);
     released_bytes = hot_.sum(Counter::ReleasedBytes);
+    unreleased_uncached = hot_.sum(Counter::UnreleasedBytes);
   }
   stats.hits_fast = hot_.sum(Counter::HitsFast);
   stats.gets = stats.hits_fast + slow.gets_slow;
@@ -862,8 +867,9 @@ void Cache::stats(mrc_stats_t *out) noexcept {
   stats.uncacheable = slow.uncacheable;
   stats.pfn_mismatches = pfn_mismatches_.load(std::memory_order_relaxed);
   stats.purges = slow.purges;
-  stats.unreleased_bytes =
-      slow.unreleased_bytes - released_bytes + garbage_bytes_.load(std::memory_order_relaxed);
+  // Uncached regions count in and out outside the lock: a sum may see the out before the in.
+  const uint64_t unreleased = slow.unreleased_bytes + unreleased_uncached;
+  stats.unreleased_bytes = unreleased > released_bytes ? unreleased - released_bytes : 0;
   *out = stats;
 }
 

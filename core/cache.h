@@ -64,7 +64,8 @@ struct Region : PgtRegion, mrc_region {
     kUncached = 1U << 4,    // never in the table: deregistered at the last put
     kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
-    kUnreleased = 1U << 7,  // left the table referenced: counted in unreleased bytes
+    kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
+                            // an uncached region waiting on garbage_)
   };
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
@@ -216,7 +217,8 @@ class Cache {
     uint64_t gets_slow, hits_slow, misses, merges, unmap_events, invalidations, registrations,
         evictions, registration_failures, uncacheable, purges;
     uint64_t registered_bytes;  // ever registered; minus Counter::EndedBytes = still registered
-    uint64_t unreleased_bytes;  // ever left the table referenced; minus Counter::ReleasedBytes
+    uint64_t unreleased_bytes;  // ever left the table referenced; plus Counter::UnreleasedBytes
+                                // minus Counter::ReleasedBytes = still waiting
     uint64_t size_histogram[64];
   } slow_{};
   std::atomic<uint64_t> pfn_mismatches_{0};  // counted on the fast path, outside mutex_

@@ -36,8 +36,9 @@ enum class Counter : unsigned {
   HitsFast,
   Puts,
   Deregistrations,
-  EndedBytes,     // bytes whose registration ended (deregistered, or forgotten after fork)
-  ReleasedBytes,  // unreleased bytes whose last reference went
+  EndedBytes,       // bytes whose registration ended (deregistered, or forgotten after fork)
+  UnreleasedBytes,  // uncached regions waiting for deregistration (max_unreleased)
+  ReleasedBytes,    // unreleased bytes whose registration ended
   kCount
 };
 

@@ -441,11 +441,15 @@ TEST_F(CacheTest, MaxUnreleasedDefersAndBatchesDeregistration) {
     ASSERT_EQ(mrc_invalidate(cache, region, nullptr, nullptr), MRC_OK);
     held.push_back(region);
   }
+  EXPECT_EQ(stats().unreleased_bytes, 6 * kPage) << "invalidated, all three still in use";
   mrc_put(cache, held[0]);
   mrc_put(cache, held[1]);
   EXPECT_EQ(backend.deregs, 0u) << "4 pages wait: not yet over the bound";
+  EXPECT_EQ(stats().unreleased_bytes, 6 * kPage)
+      << "4 pages released, 2 in use: none counted twice";
   mrc_put(cache, held[2]);
   EXPECT_EQ(backend.deregs, 3u) << "6 pages wait: over the bound, cleaned up";
+  EXPECT_EQ(stats().unreleased_bytes, 0u);
   for (char *m : maps) munmap(m, 2 * kPage);
 }
 
