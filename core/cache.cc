@@ -401,6 +401,10 @@ void Cache::purge(bool deregister) noexcept {
     deferred = take_deferred_locked();
   }
   finish_all(deferred);
+  // Nothing left waiting: every purged range unwatched, every region handed to the epoch domain.
+  std::lock_guard lock(mutex_);
+  reap_finished_locked();
+  retire_batch_locked();
 }
 
 void Cache::evict_locked() noexcept {

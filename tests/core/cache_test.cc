@@ -15,6 +15,7 @@
 #include "mrcache/mrcache.h"
 #include "mrcache/mrcache.hpp"
 #include "test_backend.h"
+#include "uffd/uffd.h"
 
 namespace {
 
@@ -536,6 +537,23 @@ TEST_F(CacheTest, PurgeDeregistersUnusedAndLeavesInUseValid) {
   EXPECT_EQ(stats().regions, 0u);
   mrc_put(cache, held);
   EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, 4 * kPage);
+}
+
+// Unwatching is batched with retirement; an explicit purge leaves no watch behind.
+TEST_F(CacheTest, PurgeUnwatchesWhatItRemoved) {
+  require_monitor();
+  mrc::uffd::testing::set_idle_vmas(0);  // unregister a mapping as soon as its last watch goes
+  ASSERT_EQ(create(backend.params()), MRC_OK);  // the only cache: the monitor restarts
+  char *p = map_pages(4);
+  key_of(p, kPage);
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  EXPECT_GT(info.watched_bytes, 0u);
+  ASSERT_EQ(mrc_cache_purge(cache), MRC_OK);
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  EXPECT_EQ(info.watched_bytes, 0u);
+  mrc::uffd::testing::set_idle_vmas(-1);
   munmap(p, 4 * kPage);
 }
 
