@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/uffd/fixtures.h"
 #include "tests/uffd/helpers.h"
 
 namespace mrc::uffd::test {
@@ -30,16 +31,10 @@ char *map_alone(size_t length) {
 }
 void unmap_alone(char *p, size_t length) { munmap(p - page_size(), length + 2 * page_size()); }
 
-class Watch : public ::testing::Test {
+class Watch : public SubscribedTest {
  protected:
-  void SetUp() override {
-    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
-    if (consumer_->mode() == MRC_MONITOR_UNCACHED) {
-      GTEST_SKIP() << "no userfaultfd here: " << monitor_info().reason;
-    }
-  }
   void TearDown() override {
-    if (consumer_ != nullptr) Monitor::unsubscribe(consumer_);
+    SubscribedTest::TearDown();
     testing::set_vma_budget(0);
     testing::set_idle_vmas(-1);
   }
@@ -67,7 +62,6 @@ class Watch : public ::testing::Test {
     return covered(records, u(page), u(page) + page_size(), InvalidationKind::Unmap);
   }
 
-  Consumer *consumer_ = nullptr;
   char why_[256];
 };
 
