@@ -11,8 +11,7 @@
 //                                       running (1); goal <= 1.02x (UCX's hooks: ~1.11x).
 //   BM_MonitorUffdRegister/<bytes>      one UFFDIO_REGISTER (write-protect mode) of a range
 //                                       inside a larger mapping.
-//   BM_MonitorWatchArmed                watch()+unwatch() on a block that stays armed.
-//   BM_MonitorWatchFirst                watch() of a fresh block: mapping query + registration.
+//   (watch() and unwatch() themselves: bench_watch.cc.)
 //   BM_MonitorSummary                   the ratios, per placement: round-trip overhead (round
 //                                       trip minus plain munmap) over ping-pong, goal <= 1.2;
 //                                       unwatched munmap with over without the monitor.
@@ -67,6 +66,16 @@ double now_seconds() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Runs op() and records its duration as the iteration's (manual) time and as one sample.
+template <class Op>
+void timed(benchmark::State &state, std::vector<double> &samples, Op &&op) {
+  const double start = now_seconds();
+  op();
+  const double elapsed = now_seconds() - start;
+  state.SetIterationTime(elapsed);
+  samples.push_back(elapsed);
 }
 
 // Medians by benchmark name, for the summary.
@@ -238,11 +247,7 @@ void BM_MonitorRoundTrip(benchmark::State &state) {
         state.SkipWithError("could not map and watch the range");
         break;
       }
-      const double start = now_seconds();
-      munmap(p, kRange);
-      const double elapsed = now_seconds() - start;
-      state.SetIterationTime(elapsed);
-      samples.push_back(elapsed);
+      timed(state, samples, [p] { munmap(p, kRange); });
       (void)sub.consumer->drain([](const Invalidation &) {});
       sub.consumer->unwatch(reinterpret_cast<uintptr_t>(p), kRange);
     }
@@ -271,11 +276,9 @@ void BM_MonitorPipePingPong(benchmark::State &state) {
   samples.reserve(1 << 16);
   char byte = 1;
   for (auto _ : state) {
-    const double start = now_seconds();
-    if (write(there[1], &byte, 1) != 1 || read(back[0], &byte, 1) != 1) std::abort();
-    const double elapsed = now_seconds() - start;
-    state.SetIterationTime(elapsed);
-    samples.push_back(elapsed);
+    timed(state, samples, [&] {
+      if (write(there[1], &byte, 1) != 1 || read(back[0], &byte, 1) != 1) std::abort();
+    });
   }
   byte = 0;
   if (write(there[1], &byte, 1) != 1) std::abort();
@@ -294,11 +297,7 @@ void time_munmaps(benchmark::State &state, const std::string &key) {
       state.SkipWithError("the slot's address was taken");
       break;
     }
-    const double start = now_seconds();
-    munmap(p, kRange);
-    const double elapsed = now_seconds() - start;
-    state.SetIterationTime(elapsed);
-    samples.push_back(elapsed);
+    timed(state, samples, [p] { munmap(p, kRange); });
   }
   report(state, samples, key);
 }
@@ -392,15 +391,12 @@ void BM_MonitorUffdRegister(benchmark::State &state) {
   std::vector<double> samples;
   samples.reserve(1 << 16);
   for (auto _ : state) {
-    const double start = now_seconds();
-    const int rc = ioctl(uffd, UFFDIO_REGISTER, &request);
-    const double elapsed = now_seconds() - start;
+    int rc = 0;
+    timed(state, samples, [&] { rc = ioctl(uffd, UFFDIO_REGISTER, &request); });
     if (rc != 0) {
       state.SkipWithError("UFFDIO_REGISTER failed");
       break;
     }
-    state.SetIterationTime(elapsed);
-    samples.push_back(elapsed);
     ioctl(uffd, UFFDIO_UNREGISTER, &request.range);
   }
   munmap(mapping, total);
@@ -414,64 +410,6 @@ BENCHMARK(BM_MonitorUffdRegister)
     ->Arg(1 << 30)
     ->UseManualTime()
     ->Iterations(20000);
-
-void BM_MonitorWatchArmed(benchmark::State &state) {
-  Subscribed sub;
-  if (!sub.cached()) {
-    state.SkipWithError("no userfaultfd here (uncached mode)");
-    return;
-  }
-  const size_t length = 2 << 20;
-  void *block = mmap(nullptr, 2 * length, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  const uintptr_t base = (reinterpret_cast<uintptr_t>(block) + length - 1) & ~(length - 1);
-  // The base watch keeps the block armed; the timed pairs never register or unregister.
-  (void)sub.consumer->watch(base, 4096);
-  const uint64_t registrations = mrc::uffd::testing::registrations();
-  uintptr_t at = base + 4096;
-  for (auto _ : state) {
-    (void)sub.consumer->watch(at, 4096);
-    sub.consumer->unwatch(at, 4096);
-    at = at + 8192 < base + length ? at + 8192 : base + 4096;
-  }
-  if (mrc::uffd::testing::registrations() != registrations) {
-    state.SkipWithError("an armed block was registered again");
-  }
-  state.counters["pairs_per_s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
-  sub.consumer->unwatch(base, 4096);
-  munmap(block, 2 * length);
-}
-BENCHMARK(BM_MonitorWatchArmed);
-
-void BM_MonitorWatchFirst(benchmark::State &state) {
-  Subscribed sub;
-  if (!sub.cached()) {
-    state.SkipWithError("no userfaultfd here (uncached mode)");
-    return;
-  }
-  const size_t block = 2 << 20;
-  const size_t blocks = 4096;
-  void *mapping = mmap(nullptr, (blocks + 1) * block, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  const uintptr_t base = (reinterpret_cast<uintptr_t>(mapping) + block - 1) & ~(block - 1);
-  std::vector<double> samples;
-  samples.reserve(1 << 16);
-  size_t i = 0;
-  for (auto _ : state) {
-    const uintptr_t at = base + (i % blocks) * block + 4096;
-    const double start = now_seconds();
-    (void)sub.consumer->watch(at, 4096);
-    const double elapsed = now_seconds() - start;
-    state.SetIterationTime(elapsed);
-    samples.push_back(elapsed);
-    sub.consumer->unwatch(at, 4096);
-    ++i;
-  }
-  munmap(mapping, (blocks + 1) * block);
-  report(state, samples, "watch_first");
-}
-BENCHMARK(BM_MonitorWatchFirst)->UseManualTime()->Iterations(20000);
 
 void BM_MonitorSummary(benchmark::State &state) {
   for (auto _ : state) {

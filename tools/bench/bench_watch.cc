@@ -48,40 +48,52 @@ struct Subscribed {
   bool cached() const { return consumer->mode() != MRC_MONITOR_UNCACHED; }
 };
 
-// A 64 MiB mapping, never touched, with one page at its start watched so that it stays armed.
-struct ArmedMapping {
-  Consumer *consumer;
+// A 64 MiB mapping, never touched (MAP_NORESERVE); unmapped at the end.
+struct Mapping {
   char *base = nullptr;
-  bool ok = false;
-  explicit ArmedMapping(Consumer *c) : consumer(c) {
+  Mapping() {
     void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return;
-    base = static_cast<char *>(p);
-    ok = consumer->watch(reinterpret_cast<uintptr_t>(base), kPage) == WatchResult::Watched;
+    if (p != MAP_FAILED) base = static_cast<char *>(p);
+  }
+  ~Mapping() {
+    if (base != nullptr) munmap(base, kMapping);
+  }
+  Mapping(const Mapping &) = delete;
+  Mapping &operator=(const Mapping &) = delete;
+  uintptr_t at(size_t offset) const { return reinterpret_cast<uintptr_t>(base) + offset; }
+};
+
+// A Mapping with one page at its start watched, so that it stays armed.
+struct ArmedMapping : Mapping {
+  Consumer *consumer;
+  bool ok = false;
+  explicit ArmedMapping(Consumer *c) : consumer(c) {
+    ok = base != nullptr && consumer->watch(at(0), kPage) == WatchResult::Watched;
   }
   ~ArmedMapping() {
-    if (ok) consumer->unwatch(reinterpret_cast<uintptr_t>(base), kPage);
-    if (base != nullptr) munmap(base, kMapping);
+    if (ok) consumer->unwatch(at(0), kPage);
   }
   ArmedMapping(const ArmedMapping &) = delete;
   ArmedMapping &operator=(const ArmedMapping &) = delete;
   // Pages 1..255 of the first MiB, in turn (a cache's regions: near each other).
-  uintptr_t page(uint64_t i) const {
-    return reinterpret_cast<uintptr_t>(base) + (1 + i % 255) * kPage;
-  }
+  uintptr_t page(uint64_t i) const { return at((1 + i % 255) * kPage); }
 };
 
-bool usable(benchmark::State &state, const Subscribed &sub, const ArmedMapping &mapping) {
+// Skips the benchmark, saying why, unless the monitor watches and the mapping is ready.
+bool usable(benchmark::State &state, const Subscribed &sub, bool mapping_ready) {
   if (!sub.cached()) {
     state.SkipWithError("no userfaultfd here (uncached mode)");
     return false;
   }
-  if (!mapping.ok) {
-    state.SkipWithError("could not map and watch the mapping");
+  if (!mapping_ready) {
+    state.SkipWithError("could not map (and watch) the mapping");
     return false;
   }
   return true;
+}
+bool usable(benchmark::State &state, const Subscribed &sub, const ArmedMapping &mapping) {
+  return usable(state, sub, mapping.ok);
 }
 
 void check_no_registration(benchmark::State &state, uint64_t before) {
@@ -140,26 +152,16 @@ BENCHMARK(BM_WatchUnwatchArmed);
 
 void BM_WatchUnwatchLast(benchmark::State &state) {
   Subscribed sub;
-  if (!sub.cached()) {
-    state.SkipWithError("no userfaultfd here (uncached mode)");
-    return;
-  }
-  void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    state.SkipWithError("mmap failed");
-    return;
-  }
-  const auto base = reinterpret_cast<uintptr_t>(p);
+  Mapping mapping;
+  if (!usable(state, sub, mapping.base != nullptr)) return;
   const uint64_t registrations = mrc::uffd::testing::registrations();
   for (auto _ : state) {
-    benchmark::DoNotOptimize(sub.consumer->watch(base + kPage, kPage));
-    sub.consumer->unwatch(base + kPage, kPage);
+    benchmark::DoNotOptimize(sub.consumer->watch(mapping.at(kPage), kPage));
+    sub.consumer->unwatch(mapping.at(kPage), kPage);
   }
   state.counters["registrations_per_op"] =
       benchmark::Counter(static_cast<double>(mrc::uffd::testing::registrations() - registrations),
                          benchmark::Counter::kAvgIterations);
-  munmap(p, kMapping);
 }
 BENCHMARK(BM_WatchUnwatchLast);
 
@@ -167,23 +169,14 @@ void BM_WatchSpurious(benchmark::State &state) {
   const bool madvise_op = state.range(0) == 1;
   const bool watched = state.range(1) == 1;
   Subscribed sub;
-  if (!sub.cached()) {
-    state.SkipWithError("no userfaultfd here (uncached mode)");
-    return;
-  }
-  void *p = mmap(nullptr, kMapping, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    state.SkipWithError("mmap failed");
-    return;
-  }
-  char *base = static_cast<char *>(p);
+  Mapping mapping;
+  if (!usable(state, sub, mapping.base != nullptr)) return;
+  char *base = mapping.base;
   // The watched page is the last one; the application works on the first half, 32 MiB away.
   char *watched_page = base + kMapping - kPage;
   if (watched && sub.consumer->watch(reinterpret_cast<uintptr_t>(watched_page), kPage) !=
                      WatchResult::Watched) {
     state.SkipWithError("watch failed");
-    munmap(p, kMapping);
     return;
   }
   const uint64_t events_before = [] {
@@ -207,7 +200,6 @@ void BM_WatchSpurious(benchmark::State &state) {
       static_cast<double>(info.events - events_before), benchmark::Counter::kAvgIterations);
   (void)sub.consumer->drain([](const Invalidation &) {});
   if (watched) sub.consumer->unwatch(reinterpret_cast<uintptr_t>(watched_page), kPage);
-  munmap(p, kMapping);
 }
 BENCHMARK(BM_WatchSpurious)
     ->ArgNames({"madvise", "watched"})
