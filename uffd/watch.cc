@@ -61,32 +61,16 @@ bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
 
 template <class T>
 size_t WatchSet::Ranges<T>::first_ending_above(uintptr_t address) const noexcept {
-  size_t lo = 0;
-  size_t hi = count;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (items[mid].end > address) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
+  const T *found = std::partition_point(items, items + count,
+                                        [address](const T &item) { return item.end <= address; });
+  return static_cast<size_t>(found - items);
 }
 
 template <class T>
 size_t WatchSet::Ranges<T>::first_starting_from(uintptr_t address) const noexcept {
-  size_t lo = 0;
-  size_t hi = count;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (items[mid].start >= address) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
+  const T *found = std::partition_point(items, items + count,
+                                        [address](const T &item) { return item.start < address; });
+  return static_cast<size_t>(found - items);
 }
 
 template <class T>
