@@ -166,7 +166,12 @@ Cache::~Cache() {
 void Cache::destroy(Cache *cache) noexcept {
   if (cache == nullptr) return;
   CacheRegistry::remove(cache);
-  cache->purge(true);
+  cache->purge(true);  // reclaims every parked reference too: only cached regions are parked
+  for (const ParkingLine &line : cache->parking_) {
+    for (const std::atomic<Region *> &slot : line.parked) {
+      MRC_DASSERT(slot.load(std::memory_order_relaxed) == nullptr);
+    }
+  }
   cache->collect_garbage();
   // Whatever is left is still referenced by the application: deregister it anyway.
   size_t in_use = 0;
@@ -233,7 +238,10 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
 bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
                      Region **out) noexcept {
   if (!consumer_->quiescent()) return false;
+  const ThreadSlot &thread = this_thread_slot();
+  ParkingLine *line = thread.exclusive ? &parking_[thread.index] : nullptr;
   Region *region = nullptr;
+  bool taken_back = false;
   {
     EpochGuard guard;
     PgtRegion *found = table_.lookup(address);
@@ -244,7 +252,17 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
       return false;
     }
-    if (!region->try_acquire()) return false;
+    if (line != nullptr && (region->flags.load(std::memory_order_relaxed) & Region::kParkable)) {
+      for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
+        if (line->parked[i].load(std::memory_order_relaxed) == region) {
+          line->parked[i].store(nullptr, std::memory_order_relaxed);
+          line->reused[i] = 1;
+          taken_back = true;
+          break;
+        }
+      }
+    }
+    if (!taken_back && !region->try_acquire()) return false;
   }
   uint32_t flags = region->flags.load(std::memory_order_acquire);
   if ((flags & (Region::kInvalid | Region::kFailed)) != 0) {
@@ -258,13 +276,65 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     release(region);
     return false;
   }
+  if (!taken_back && line != nullptr && (flags & Region::kParkable) == 0) {
+    count_streak(*line, region);
+  }
   *out = region;
   return true;
 }
 
+void Cache::count_streak(ParkingLine &line, Region *region) noexcept {
+  if (line.streak_region != region) {
+    line.streak_region = region;
+    line.streak = 1;
+  } else if (++line.streak >= kPromoteAfter) {
+    line.streak = 0;  // tried again after as many hits if the promotion does not take
+    promote(region);
+  }
+}
+
+// The caller holds a reference, so the region is alive; it must still be cached.
+void Cache::promote(Region *region) noexcept {
+  std::lock_guard lock(mutex_);
+  const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+  if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed | Region::kParkable)) ==
+      Region::kInTable) {
+    region->change_flags(Region::kParkable);
+  }
+}
+
 void Cache::put(Region *region) noexcept {
   hot_.add(Counter::Puts);
+  const ThreadSlot &thread = this_thread_slot();
+  if (thread.exclusive && park(parking_[thread.index], region)) return;
   release(region);
+}
+
+bool Cache::park(ParkingLine &line, Region *region) noexcept {
+  Region *replaced = nullptr;
+  {
+    EpochGuard guard;
+    if ((region->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+    for (std::atomic<Region *> &slot : line.parked) {
+      if (slot.load(std::memory_order_relaxed) == nullptr) {
+        slot.store(region, std::memory_order_release);
+        return true;
+      }
+    }
+    // Full: the CLOCK hand picks a region not taken back since the hand last passed it.
+    uint32_t victim = line.hand;
+    while (line.reused[victim] != 0) {
+      line.reused[victim] = 0;
+      victim = (victim + 1) % ParkingLine::kSlots;
+    }
+    line.hand = (victim + 1) % ParkingLine::kSlots;
+    replaced = line.parked[victim].load(std::memory_order_relaxed);
+    // One being reclaimed stays: the reclaimer takes it out (and may be waiting for this guard).
+    if ((replaced->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+    line.parked[victim].store(region, std::memory_order_release);
+  }
+  release(replaced);
+  return true;
 }
 
 bool Cache::verify_pfns(Region *region) noexcept {
@@ -368,8 +438,10 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 void Cache::remove_locked(Region *region) noexcept {
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
-  const bool registered = region->has(Region::kRegistered);
-  region->change_flags(Region::kInvalid, Region::kInTable);
+  const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+  const bool registered = (flags & Region::kRegistered) != 0;
+  region->change_flags(Region::kInvalid, Region::kInTable | Region::kParkable);
+  if ((flags & Region::kParkable) != 0) parked_cleared_ = true;
   lru_remove_locked(region);
   if (registered) {
     --cached_regions_;
@@ -412,24 +484,34 @@ void Cache::evict_locked() noexcept {
     return (max_regions_ != 0 && table_entries_ > max_regions_) ||
            (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
   };
-  // CLOCK: two passes clear every reference bit, a third finds any unused region left.
-  size_t budget = 3 * table_entries_;
-  while (over_limit() && lru_hand_ != nullptr && budget-- != 0) {
-    Region *region = lru_hand_;
-    lru_hand_ = region->lru_next;
-    if (region->refcount.load(std::memory_order_acquire) != 1) continue;  // in use: never
-    if (region->referenced.load(std::memory_order_relaxed) && !region->has(Region::kFailed)) {
-      region->referenced.store(false, std::memory_order_relaxed);
-      continue;
+  // CLOCK: two passes clear every reference bit, a third finds any unused region left. A region
+  // that only parked references hold is not in use: when such regions are in the way, their
+  // references are reclaimed and the hand goes round once more.
+  bool skipped_parkable = false;
+  for (int round = 0; round < 2 && over_limit(); ++round) {
+    if (round == 1 && !(skipped_parkable && unpark_all_locked())) break;
+    size_t budget = 3 * table_entries_;
+    while (over_limit() && lru_hand_ != nullptr && budget-- != 0) {
+      Region *region = lru_hand_;
+      lru_hand_ = region->lru_next;
+      if (region->refcount.load(std::memory_order_acquire) != 1) {  // in use: never
+        skipped_parkable = skipped_parkable || region->has(Region::kParkable);
+        continue;
+      }
+      if (region->referenced.load(std::memory_order_relaxed) && !region->has(Region::kFailed)) {
+        region->referenced.store(false, std::memory_order_relaxed);
+        continue;
+      }
+      ++slow_.evictions;
+      remove_locked(region);
     }
-    ++slow_.evictions;
-    remove_locked(region);
   }
 }
 
 // Evicts every cached region no one holds; returns how many. Their deregistration runs at once
 // (not after the lock) because the caller retries a registration that needs the resources.
 size_t Cache::evict_unused_locked() noexcept {
+  unpark_all_locked();  // out of resources: what is only parked is not in use
   size_t evicted = 0;
   Region *region = lru_hand_;
   // Each step visits a different entry of the ring as it was: removals keep the others' order.
@@ -693,9 +775,46 @@ void Cache::defer_locked(Region *region) noexcept {
 }
 
 Region *Cache::take_deferred_locked() noexcept {
+  reclaim_parked_locked();
   Region *deferred = deferred_;
   deferred_ = nullptr;
   return deferred;
+}
+
+void Cache::reclaim_parked_locked() noexcept {
+  if (!parked_cleared_) return;
+  parked_cleared_ = false;
+  epoch_domain().wait_for_readers();
+  for (ParkingLine &line : parking_) {
+    for (std::atomic<Region *> &slot : line.parked) {
+      // A parked region is this cache's and referenced: alive. A region whose flag is clear can
+      // no longer be taken back or parked by its owner (the wait above), only by this CAS.
+      Region *region = slot.load(std::memory_order_acquire);
+      if (region == nullptr || region->has(Region::kParkable)) continue;
+      if (slot.compare_exchange_strong(region, nullptr, std::memory_order_acq_rel,
+                                       std::memory_order_relaxed) &&
+          region->drop_reference()) {
+        defer_locked(region);
+      }
+    }
+  }
+}
+
+bool Cache::unpark_all_locked() noexcept {
+  bool any = false;
+  Region *region = lru_hand_;
+  for (size_t budget = table_entries_; region != nullptr && budget-- != 0;
+       region = region->lru_next) {
+    if (region->has(Region::kParkable)) {
+      region->change_flags(0, Region::kParkable);
+      any = true;
+    }
+  }
+  if (any) {
+    parked_cleared_ = true;
+    reclaim_parked_locked();
+  }
+  return any;
 }
 
 void Cache::finish_all(Region *list) noexcept {

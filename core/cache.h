@@ -28,6 +28,20 @@
 //   (closing it costs a syscall per get: more than a whole miss); DESIGN.md's invariant holds
 //   because the unmapping thread returns only after the monitor read the event, and a get
 //   ordered after that return sees the record published or `pending` raised.
+// - Parked references (the hit path without a locked instruction). A thread's put of a region
+//   marked kParkable keeps the reference in the thread's ParkingLine instead of decrementing the
+//   count; its next get of that region takes the reference back. Both are plain stores to the
+//   thread's own line, inside an EpochGuard, after reading kParkable (relaxed) in that guard.
+//   kParkable is set and cleared only under mutex_: set once a thread hit the region
+//   kPromoteAfter times in a row, cleared when the region leaves the table (or all of them,
+//   when eviction finds parked regions in its way). Whoever clears it then calls
+//   reclaim_parked_locked() before releasing mutex_: EpochDomain::wait_for_readers() (every
+//   guard that could have read kParkable set has ended; every later one reads it clear), then
+//   a CAS takes each parked reference of a region without kParkable out of every line and drops
+//   it. So after that call no line holds such a region, and none can until it is promoted again.
+//   A parked reference is a real one: the region stays alive, and counts as in use, until it is
+//   taken back or reclaimed. Lines are indexed by the thread's exclusive counter slot (threads
+//   sharing slots do not park); a slot's next thread inherits what its last one parked.
 // - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
 //   shards (core/counters.h), the rest are plain integers under mutex_.
 #pragma once
@@ -66,6 +80,7 @@ struct Region : PgtRegion, mrc_region {
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
     kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
                             // an uncached region waiting on garbage_)
+    kParkable = 1U << 8,    // in the table, and puts may park their reference (SYNCHRONIZATION)
   };
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
@@ -119,6 +134,18 @@ struct Region : PgtRegion, mrc_region {
   }
 };
 
+// One thread's parked references in one cache (see SYNCHRONIZATION). `parked` is written by the
+// owning thread with plain stores inside a guard and by the mutex_ holder with a CAS; the rest
+// only by the owner.
+struct alignas(64) ParkingLine {
+  static constexpr size_t kSlots = 4;
+  std::atomic<Region *> parked[kSlots] = {};
+  uint8_t reused[kSlots] = {};  // CLOCK bits: taken back since the hand last passed
+  uint32_t hand = 0;
+  const Region *streak_region = nullptr;  // identity only: the region hit last, unparked
+  uint32_t streak = 0;                    // consecutive hits on it
+};
+
 class Cache {
  public:
   Cache(const Cache &) = delete;
@@ -144,6 +171,10 @@ class Cache {
   ~Cache();
 
   bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
+  // Parks the caller's reference to region in line; false when the caller must release it.
+  bool park(ParkingLine &line, Region *region) noexcept;
+  void count_streak(ParkingLine &line, Region *region) noexcept;
+  void promote(Region *region) noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
@@ -159,6 +190,12 @@ class Cache {
   void lru_remove_locked(Region *region) noexcept;
 
   void purge_locked(bool deregister) noexcept;
+  // Returns to their regions the parked references of every region whose kParkable was cleared
+  // (see SYNCHRONIZATION); the regions whose count then ends go on deferred_.
+  void reclaim_parked_locked() noexcept;
+  // Clears kParkable on every cached region and reclaims what was parked (eviction needs the
+  // regions no one really uses). Returns whether anything was parked.
+  bool unpark_all_locked() noexcept;
   void live_insert_locked(Region *region) noexcept;
 
   // Dropping references. A region whose count reached zero is finished outside mutex_ (on the
@@ -209,6 +246,12 @@ class Cache {
   static constexpr size_t kRetireBatch = 32;
   Region *retiring_[kRetireBatch] = {};
   size_t retiring_count_ = 0;
+
+  // A region earns kParkable after this many consecutive fast-path hits by one thread: the
+  // reclaim at its removal costs a membarrier, which a region used once should not pay.
+  static constexpr uint32_t kPromoteAfter = 8;
+  bool parked_cleared_ = false;  // mutex_: kParkable was cleared since the last reclaim
+  ParkingLine parking_[ShardedCounters::kSlots];
 
   ShardedCounters hot_;
   // Slow-path statistics, mutex_. Totals that also fall outside the lock are a mutex_ sum here

@@ -371,6 +371,8 @@ void EpochDomain::heavy_barrier() const noexcept {
 }
 
 void EpochDomain::wait_for_readers() const noexcept {
+  MRC_CHECK(!in_guard());  // would wait for our own critical section
+  heavy_barrier();
   for (EpochSlotChunk *c = chunks_.load(std::memory_order_acquire); c != nullptr;
        c = c->next.load(std::memory_order_acquire)) {
     for (const EpochSlot &slot : c->slots) {
@@ -468,7 +470,6 @@ void EpochDomain::retire_many(void *const *objects, size_t count,
     // No memory to remember the objects: wait out the readers here instead. Inside a guard of
     // this domain that would wait for ourselves.
     MRC_CHECK(!in_guard());
-    heavy_barrier();
     wait_for_readers();
     for (size_t i = queued; i < count; ++i) reclaim_fn(objects[i]);
   }
@@ -498,7 +499,6 @@ void EpochDomain::synchronize() noexcept {
     grace_period_active_ = false;
     if (all.count != 0) reclaiming_.fetch_add(1, std::memory_order_relaxed);
   }
-  heavy_barrier();
   wait_for_readers();
   reclaim(all);
   for (detail::Backoff backoff; reclaiming_.load(std::memory_order_acquire) != 0;) {

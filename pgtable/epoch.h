@@ -136,6 +136,13 @@ class EpochDomain {
   // guard of this domain nor inside a reclaim callback.
   void synchronize() noexcept;
 
+  // Returns once every guard that was active at the call has ended (a heavy barrier, then a
+  // wait on each reader inside a guard). Every guard therefore either ended before the return
+  // (its stores visible to the caller) or sees every store the caller made before the call:
+  // the pairing that lets readers write thread-owned data with plain stores inside a guard.
+  // REQUIRES: not inside a guard of this domain (checked).
+  void wait_for_readers() const noexcept;
+
   // Objects retired and not yet reclaimed.
   size_t pending() const noexcept { return pending_.load(std::memory_order_relaxed); }
   // Threads holding a reader slot (registered and not yet exited), and slots allocated.
@@ -162,7 +169,6 @@ class EpochDomain {
   void release_slot(detail::EpochSlot *slot) noexcept;
   void decide_mode_locked() noexcept;
   void heavy_barrier() const noexcept;
-  void wait_for_readers() const noexcept;
   bool grace_period_done_locked() noexcept;
   void start_grace_period_locked() noexcept;
   detail::RetiredList advance_locked(bool force) noexcept;

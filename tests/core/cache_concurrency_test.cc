@@ -159,4 +159,56 @@ TEST(CacheConcurrency, ConcurrentInvalidateAndPut) {
   munmap(p, 16 * kPage);
 }
 
+// Hot regions are parked in several threads' lines while the same threads invalidate them: a get
+// never returns a registration that already ended, and once no thread holds anything every
+// invalidated registration has ended and its done has run, exactly once (parked references of
+// invalidated regions are taken back at invalidation, not at some later point).
+TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("parked");
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  constexpr size_t kRegions = 8;
+  char *p = static_cast<char *>(mmap(nullptr, 2 * kRegions * kPage, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  std::atomic<int> done{0}, invalidated{0}, ended_in_use{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20000; ++i) {
+        // A page apart (no merging); each thread stays on a region long enough to park it.
+        char *address = p + 2 * kPage * ((i / 64 + t) % kRegions);
+        mrc_region_t *region = nullptr;
+        ASSERT_EQ(mrc_get(cache, address, kPage, MRC_PROT_READ, &region), MRC_OK);
+        {
+          std::lock_guard lock(backend.mutex);
+          if (backend.live.count(mrc::test::registration_of(region)->serial) == 0) ++ended_in_use;
+        }
+        if (i % 97 == t) {
+          ASSERT_EQ(
+              mrc_invalidate(
+                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
+              MRC_OK);
+          ++invalidated;
+        }
+        mrc_put(cache, region);
+      }
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(ended_in_use.load(), 0) << "a get returned a registration that had ended";
+  EXPECT_GT(invalidated.load(), 0);
+  EXPECT_EQ(done.load(), invalidated.load()) << "done runs once, as soon as no thread holds it";
+  mrc_stats_t s{};
+  ASSERT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
+  EXPECT_EQ(backend.live_count(), s.regions) << "only cached regions are still registered";
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, 2 * kRegions * kPage);
+}
+
 }  // namespace

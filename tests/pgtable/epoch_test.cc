@@ -124,6 +124,20 @@ TEST_P(EpochTest, AGuardHeldDelaysReclamation) {
   EXPECT_EQ(reclaimed.load(), 1);
 }
 
+TEST_P(EpochTest, WaitForReadersReturnsAfterActiveGuardsEnd) {
+  GuardHolder holder(domain_);
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] {
+    domain_.wait_for_readers();
+    waited.store(true);
+  });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(waited.load());
+  holder.release();
+  waiter.join();
+  EXPECT_TRUE(waited.load());
+}
+
 TEST_P(EpochTest, NestedGuardsEndWithTheOutermost) {
   std::atomic<int> reclaimed{0};
   std::atomic<bool> inner_done{false}, release{false};
@@ -332,6 +346,17 @@ TEST(EpochDeathTest, SynchronizeInsideAGuardAborts) {
       {
         EpochGuard guard(domain);
         domain.synchronize();
+      },
+      "internal check failed");
+}
+
+TEST(EpochDeathTest, WaitForReadersInsideAGuardAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EpochDomain domain;
+  EXPECT_DEATH(
+      {
+        EpochGuard guard(domain);
+        domain.wait_for_readers();
       },
       "internal check failed");
 }

@@ -1,0 +1,242 @@
+// Parked references: a hot region's put keeps the reference in the thread's parking line (no
+// locked instruction), and everything that needs the region unused — invalidation, an unmap,
+// eviction, destroy — takes the parked references back first. White-box where the count itself
+// is the behaviour (core/cache.h), through the C API otherwise.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/cache.h"
+#include "mrcache/mrcache.h"
+#include "test_backend.h"
+
+namespace {
+
+using mrc::test::CountingBackend;
+
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+// Enough hits to earn kParkable (Cache::kPromoteAfter is 8) with room to spare.
+constexpr int kHotHits = 32;
+
+char *map_pages(size_t pages) {
+  void *p =
+      mmap(nullptr, pages * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  std::memset(p, 0x5a, pages * kPage);
+  return static_cast<char *>(p);
+}
+
+mrc::Region *as_region(mrc_region_t *region) { return static_cast<mrc::Region *>(region); }
+
+uint64_t references(mrc_region_t *region) {
+  return as_region(region)->refcount.load(std::memory_order_acquire);
+}
+
+bool parkable(mrc_region_t *region) { return as_region(region)->has(mrc::Region::kParkable); }
+
+// A thread that makes a region hot (and so leaves a parked reference behind), then either exits
+// or stays alive until released.
+class HotThread {
+ public:
+  HotThread(mrc_cache_t *cache, char *address, bool stay) {
+    thread_ = std::thread([this, cache, address, stay] {
+      for (int i = 0; i < kHotHits; ++i) {
+        mrc_region_t *region = nullptr;
+        if (mrc_get(cache, address, kPage, MRC_PROT_READ, &region) != MRC_OK) {
+          failed_ = true;
+          break;
+        }
+        mrc_put(cache, region);
+      }
+      std::unique_lock lock(mutex_);
+      ready_ = true;
+      cv_.notify_all();
+      if (stay) cv_.wait(lock, [this] { return release_; });
+    });
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return ready_; });
+  }
+  ~HotThread() { join(); }
+  void join() {
+    {
+      std::lock_guard lock(mutex_);
+      release_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool ready_ = false, release_ = false;
+  std::atomic<bool> failed_{false};
+  std::thread thread_;
+};
+
+class CacheParking : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mrc_monitor_info_t info;
+    ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+    if (info.mode == MRC_MONITOR_UNCACHED) {
+      GTEST_SKIP() << "userfaultfd is unavailable here: nothing is cached, nothing parks";
+    }
+    ASSERT_EQ(create(backend.params("parking")), MRC_OK);
+  }
+  void TearDown() override {
+    if (cache != nullptr) mrc_cache_destroy(cache);
+    EXPECT_EQ(backend.live_count(), 0u) << "registrations leaked past destroy";
+  }
+  mrc_status_t create(mrc_cache_params_t params) {
+    if (cache != nullptr) mrc_cache_destroy(cache);
+    cache = nullptr;
+    return mrc_cache_create(&params, &cache);
+  }
+  // Gets and puts address kHotHits times; returns the region (not held).
+  mrc_region_t *heat(char *address) {
+    mrc_region_t *region = nullptr;
+    for (int i = 0; i < kHotHits; ++i) {
+      EXPECT_EQ(mrc_get(cache, address, kPage, MRC_PROT_READ, &region), MRC_OK);
+      mrc_put(cache, region);
+    }
+    return region;
+  }
+
+  CountingBackend backend;
+  mrc_cache_t *cache = nullptr;
+};
+
+TEST_F(CacheParking, AHotRegionsPutParksItsReference) {
+  char *p = map_pages(1);
+  mrc_region_t *region = heat(p);
+  EXPECT_TRUE(parkable(region));
+  EXPECT_EQ(references(region), 2u) << "the table's and the parked one";
+  mrc_region_t *again = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &again), MRC_OK);
+  EXPECT_EQ(again, region);
+  EXPECT_EQ(references(region), 2u) << "the get took the parked reference back";
+  mrc_put(cache, again);
+  EXPECT_EQ(backend.regs, 1u);
+  munmap(p, kPage);
+}
+
+TEST_F(CacheParking, ARegionUsedOnceIsNeverParked) {
+  char *p = map_pages(1);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(cache, region);
+  EXPECT_FALSE(parkable(region));
+  EXPECT_EQ(references(region), 1u);
+  munmap(p, kPage);
+}
+
+TEST_F(CacheParking, InvalidatingARegionParkedByAnExitedThreadRunsDoneAtOnce) {
+  char *p = map_pages(1);
+  HotThread hot(cache, p, /*stay=*/false);
+  hot.join();
+  ASSERT_FALSE(hot.failed());
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  ASSERT_TRUE(parkable(region));
+  int done = 0;
+  ASSERT_EQ(mrc_invalidate(
+                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
+            MRC_OK);
+  EXPECT_EQ(done, 0) << "still held by this thread";
+  mrc_put(cache, region);
+  EXPECT_EQ(done, 1) << "the exited thread's parked reference was taken back";
+  EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, kPage);
+}
+
+TEST_F(CacheParking, AnUnmapDeregistersARegionParkedByALiveThread) {
+  char *p = map_pages(1);
+  char *other = map_pages(1);
+  HotThread hot(cache, p, /*stay=*/true);
+  ASSERT_FALSE(hot.failed());
+  ASSERT_EQ(backend.live_count(), 1u);
+  ASSERT_EQ(munmap(p, kPage), 0);
+  // Any slow path drains the unmap and must end the parked region's registration.
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, other, kPage, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(cache, region);
+  EXPECT_EQ(backend.live_count(), 1u) << "only the new registration is left";
+  hot.join();
+  munmap(other, kPage);
+}
+
+TEST_F(CacheParking, EvictionTakesParkedReferencesBackFromRegionsNoOneUses) {
+  mrc_cache_params_t params = backend.params("parking-limit");
+  params.max_regions = 2;
+  ASSERT_EQ(create(params), MRC_OK);
+  std::vector<char *> maps;
+  for (int i = 0; i < 2; ++i) {
+    maps.push_back(map_pages(2));
+    ASSERT_TRUE(parkable(heat(maps.back())));
+  }
+  for (int i = 0; i < 3; ++i) {
+    maps.push_back(map_pages(2));
+    heat(maps.back());
+  }
+  mrc_stats_t s{};
+  ASSERT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
+  EXPECT_LE(s.regions, 2u);
+  EXPECT_GE(s.evictions, 3u);
+  EXPECT_EQ(backend.live_count(), s.regions) << "evicted regions were deregistered";
+  for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+TEST_F(CacheParking, AFullLineReleasesTheReferenceItReplaces) {
+  constexpr size_t kRegions = mrc::ParkingLine::kSlots + 2;
+  std::vector<char *> maps;
+  std::vector<mrc_region_t *> regions;
+  for (size_t i = 0; i < kRegions; ++i) {
+    maps.push_back(map_pages(2));  // a page apart from the next: no merging
+    regions.push_back(heat(maps.back()));
+  }
+  size_t parked = 0;
+  for (mrc_region_t *region : regions) {
+    const uint64_t count = references(region);
+    EXPECT_TRUE(count == 1 || count == 2) << count;
+    parked += count - 1;
+  }
+  EXPECT_EQ(parked, mrc::ParkingLine::kSlots);
+  for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+// Parked references are the cache's, not the application's: destroy takes them back instead of
+// reporting the regions as still in use.
+TEST_F(CacheParking, DestroyTakesEveryParkedReferenceBack) {
+  static std::atomic<int> warnings{0};
+  warnings = 0;
+  std::vector<char *> maps;
+  for (int i = 0; i < 3; ++i) {
+    maps.push_back(map_pages(2));
+    heat(maps.back());
+  }
+  HotThread hot(cache, maps[0], /*stay=*/true);
+  mrc_set_log_handler(
+      [](void *, mrc_log_level_t level, const char *) {
+        if (level <= MRC_LOG_WARN) ++warnings;
+      },
+      nullptr);
+  mrc_cache_destroy(cache);
+  mrc_set_log_handler(nullptr, nullptr);
+  cache = nullptr;
+  EXPECT_EQ(warnings.load(), 0) << "destroy found regions in use";
+  EXPECT_EQ(backend.live_count(), 0u);
+  hot.join();
+  for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+}  // namespace
