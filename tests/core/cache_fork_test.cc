@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "mrcache/mrcache.h"
 #include "test_backend.h"
 
@@ -122,6 +124,52 @@ TEST_F(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
   EXPECT_EQ(backend.deregs, 1u) << "the unused region is deregistered before fork";
   EXPECT_EQ(backend.live_count(), 1u) << "the region in use stays registered";
   mrc_put(cache, held);
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+}
+
+// Hot regions park references (core/cache.h). Unused is unused, parked or not: purge-on-fork
+// deregisters them, and a child forgets them (the parent's threads that parked them do not exist
+// there) without deregistering.
+TEST_F(CacheFork, ParkedReferencesAreUnusedForPurgeAndForgottenInTheChild) {
+  create(MRC_FLAG_PURGE_ON_FORK);
+  auto heat = [&](char *address) {
+    for (int i = 0; i < 32; ++i) {
+      mrc_region_t *region = nullptr;
+      if (mrc_get(cache, address, kPage, MRC_PROT_READ, &region) != MRC_OK) return false;
+      mrc_put(cache, region);
+    }
+    return true;
+  };
+  ASSERT_TRUE(heat(p));
+  std::thread other([&] { EXPECT_TRUE(heat(p)); });
+  other.join();
+  EXPECT_EQ(in_child([&] {
+              if (backend.deregs != 1) return 1;  // the parent's purge, before the fork
+              if (!heat(p + 2 * kPage)) return 2;
+              mrc_cache_destroy(cache);
+              return backend.deregs == 2 && backend.live_count() == 0 ? 0 : 3;
+            }),
+            0);
+  EXPECT_EQ(backend.deregs, 1u) << "the hot region was deregistered before the fork";
+  EXPECT_EQ(backend.live_count(), 0u);
+  // Hot again in the parent, then a child without purge-on-fork forgets it.
+  mrc_cache_destroy(cache);
+  create(0);
+  ASSERT_TRUE(heat(p));
+  const uint64_t regs = backend.regs;
+  EXPECT_EQ(in_child([&] {
+              const uint64_t deregs = backend.deregs;
+              if (!heat(p)) return 1;  // registers anew: the inherited region is forgotten
+              mrc_cache_destroy(cache);
+              return backend.deregs == deregs + 1 ? 0 : 2;
+            }),
+            0);
+  EXPECT_EQ(backend.regs, regs);
+  mrc_region_t *again = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &again), MRC_OK);
+  mrc_put(cache, again);
+  EXPECT_EQ(backend.regs, regs) << "still cached in the parent";
   mrc_cache_destroy(cache);
   EXPECT_EQ(backend.live_count(), 0u);
 }
