@@ -888,8 +888,13 @@ void Cache::retire_batch_locked() noexcept {
     }
   }
   if (count != 0) consumer_->unwatch_many(watched, count);
-  epoch_domain().retire_many(reinterpret_cast<void *const *>(retiring_), retiring_count_,
-                             &Cache::recycle_region);
+  // One object for the epoch domain: the batch chained through gc_next, recycled in one push.
+  Region *chain = nullptr;
+  for (size_t i = 0; i < retiring_count_; ++i) {
+    retiring_[i]->gc_next = chain;
+    chain = retiring_[i];
+  }
+  epoch_domain().retire(chain, &Cache::recycle_regions);
   retiring_count_ = 0;
 }
 
@@ -919,14 +924,17 @@ void Cache::free_region_locked(Region *region) noexcept {
   ++free_count_;
 }
 
-// The epoch domain's reclaim callback: no lock (it may run on any thread, under any lock).
-void Cache::recycle_region(void *object) noexcept {
-  auto *region = static_cast<Region *>(object);
-  Cache *cache = region->cache;
+// The epoch domain's reclaim callback for a chain of regions: no lock (it may run on any thread,
+// under any lock).
+void Cache::recycle_regions(void *chain) noexcept {
+  auto *first = static_cast<Region *>(chain);
+  Region *last = first;
+  while (last->gc_next != nullptr) last = last->gc_next;
+  Cache *cache = first->cache;
   Region *head = cache->recycled_.load(std::memory_order_relaxed);
   do {
-    region->gc_next = head;
-  } while (!cache->recycled_.compare_exchange_weak(head, region, std::memory_order_release,
+    last->gc_next = head;
+  } while (!cache->recycled_.compare_exchange_weak(head, first, std::memory_order_release,
                                                    std::memory_order_relaxed));
 }
 

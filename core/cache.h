@@ -211,11 +211,12 @@ class Cache {
   void retire_batch_locked() noexcept;
   void unlink_live_locked(Region *region) noexcept;
   void collect_garbage() noexcept;
-  // Region memory: the epoch domain's reclaim callback (any thread) pushes it on recycled_;
-  // mutex_ holders allocate from free_regions_ and refill it from recycled_ in one exchange.
+  // Region memory: the epoch domain's reclaim callback (any thread) pushes each retired batch
+  // on recycled_; mutex_ holders allocate from free_regions_ and refill it from recycled_ in one
+  // exchange.
   Region *allocate_region_locked() noexcept;
   void free_region_locked(Region *region) noexcept;
-  static void recycle_region(void *object) noexcept;
+  static void recycle_regions(void *chain) noexcept;
 
   char name_[64] = "mrcache";
   mrc_backend_t backend_{};  // the caller's ops, completed with not-supported defaults
@@ -241,8 +242,8 @@ class Cache {
   std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
   std::atomic<uint64_t> garbage_bytes_{0};
   std::atomic<Region *> finished_{nullptr};  // finished, still on the live list
-  // mutex_: unlinked from the live list, retired to the epoch domain in batches (one lock of
-  // the domain per batch).
+  // mutex_: unlinked from the live list, retired to the epoch domain in batches (one object
+  // per batch).
   static constexpr size_t kRetireBatch = 32;
   Region *retiring_[kRetireBatch] = {};
   size_t retiring_count_ = 0;
