@@ -169,6 +169,11 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                  "Fraction of operations that hold 2-4 regions of one mapping at once")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--hot-rate", o->hot_rate,
+                 "Fraction of single-range operations that get and put their range 16 more "
+                 "times before the check (hot regions park their references)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--check-pages", o->check_pages,
                  "Pages the oracle checks per get (first, last and random ones)")
       ->capture_default_str()

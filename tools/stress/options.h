@@ -48,6 +48,7 @@ struct Options {
   double fork_rate = 0.5;  // forks per second, all mutators together
   double invalidate_rate = 0.01;
   double nest_rate = 0.2;
+  double hot_rate = 0.1;
   unsigned check_pages = 4;
   unsigned mutate_pause_us = 200;
   uint64_t seed = 0;

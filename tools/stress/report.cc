@@ -80,6 +80,7 @@ Totals sum(const std::vector<ThreadCounters *> &counters) {
     t.injected += get(c->injected);
     t.invalidates += get(c->invalidates);
     t.nested += get(c->nested);
+    t.hot += get(c->hot);
     t.fork_failures += get(c->fork_failures);
     for (int i = 0; i < kMutationKinds; ++i) {
       t.mutations[i] += get(c->mutations[i]);
@@ -173,8 +174,8 @@ std::string summary_table(const Summary &s) {
                      " mutators, sizes " + format_size(s.min_size) + " .. " +
                      format_size(s.max_size));
   const double rate = s.duration_s > 0 ? static_cast<double>(t.ops) / s.duration_s : 0;
-  row("operations",
-      n(t.ops) + "  (" + format_count(rate) + "/s; " + n(t.nested) + " holding several regions)");
+  row("operations", n(t.ops) + "  (" + format_count(rate) + "/s; " + n(t.nested) +
+                        " holding several regions, " + n(t.hot) + " hot ranges)");
   row("get latency", "p50 " + format_ns(t.latency_percentile_ns(0.5)) + "  p99 " +
                          format_ns(t.latency_percentile_ns(0.99)) + "  p99.9 " +
                          format_ns(t.latency_percentile_ns(0.999)));
@@ -256,6 +257,7 @@ std::string summary_json(const Summary &s) {
         {"max_unreleased", s.max_unreleased}}},
       {"fail_rate", s.fail_rate},
       {"ops", t.ops},
+      {"hot_ranges", t.hot},
       {"hits", s.cache.hits_fast + s.cache.hits_slow},
       {"hits_fast", s.cache.hits_fast},
       {"hits_slow", s.cache.hits_slow},

@@ -17,7 +17,7 @@ constexpr int kLatencyBuckets = 256;  // four per power of two of nanoseconds
 // One per thread; relaxed atomics: statistics read by the progress thread while the owner
 // counts, and exactly after the join.
 struct alignas(64) ThreadCounters {
-  std::atomic<uint64_t> ops{0};        // get + check + put of one range
+  std::atomic<uint64_t> ops{0};        // gets (each get of a hot range counts)
   std::atomic<uint64_t> checked{0};    // regions the oracle checked
   std::atomic<uint64_t> pages{0};      // stamps checked
   std::atomic<uint64_t> unchecked{0};  // regions too small for the worker's lane
@@ -27,6 +27,7 @@ struct alignas(64) ThreadCounters {
   std::atomic<uint64_t> injected{0};     // gets that failed with an injected failure
   std::atomic<uint64_t> invalidates{0};  // mrc_invalidate calls that returned MRC_OK
   std::atomic<uint64_t> nested{0};       // operations holding several regions
+  std::atomic<uint64_t> hot{0};          // ranges got and put again and again before the check
   std::atomic<uint64_t> mutations[kMutationKinds] = {};
   std::atomic<uint64_t> refused[kMutationKinds] = {};  // the kernel said no (errno recorded)
   std::atomic<uint64_t> fork_failures{0};
@@ -37,7 +38,7 @@ struct alignas(64) ThreadCounters {
 
 struct Totals {
   uint64_t ops = 0, checked = 0, pages = 0, unchecked = 0, stale = 0, stale_window = 0, errors = 0,
-           injected = 0, invalidates = 0, nested = 0, fork_failures = 0;
+           injected = 0, invalidates = 0, nested = 0, hot = 0, fork_failures = 0;
   uint64_t mutations[kMutationKinds] = {};
   uint64_t refused[kMutationKinds] = {};
   uint64_t latency[kLatencyBuckets] = {};
