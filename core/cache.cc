@@ -304,6 +304,10 @@ void Cache::promote(Region *region) noexcept {
 }
 
 void Cache::put(Region *region) noexcept {
+  if (region->cache != this) {  // would park it where its cache never looks, or deregister it
+    MRC_LOG_ERROR("cache {}: mrc_put of a region of cache {} ignored", name_, region->cache->name_);
+    return;
+  }
   hot_.add(Counter::Puts);
   const ThreadSlot &thread = this_thread_slot();
   if (thread.exclusive && park(parking_[thread.index], region)) return;

@@ -134,6 +134,28 @@ TEST_F(CacheTest, BadInputIsRejectedAndChangesNothing) {
   munmap(p, kPage);
 }
 
+TEST_F(CacheTest, PutToAnotherCacheIsRefusedAndChangesNothing) {
+  char *p = map_pages(1);
+  CountingBackend other_backend;
+  mrc_cache_params_t params = other_backend.params("other");
+  mrc_cache_t *other = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &other), MRC_OK);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  ASSERT_EQ(mrc_invalidate(cache, region, nullptr, nullptr), MRC_OK);  // ours is the last reference
+  mrc_set_log_handler([](void *, mrc_log_level_t, const char *) {}, nullptr);
+  mrc_put(other, region);
+  mrc_set_log_handler(nullptr, nullptr);
+  mrc_stats_t s{};
+  ASSERT_EQ(mrc_cache_stats(other, &s), MRC_OK);
+  EXPECT_EQ(s.puts, 0u);
+  EXPECT_EQ(backend.deregs, 0u) << "the reference is still held";
+  mrc_put(cache, region);
+  EXPECT_EQ(backend.deregs, 1u);
+  mrc_cache_destroy(other);
+  munmap(p, kPage);
+}
+
 TEST_F(CacheTest, MunmapInvalidatesAndTheNextGetRegistersAgain) {
   require_monitor();
   char *p = map_pages(8);
