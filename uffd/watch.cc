@@ -55,6 +55,14 @@ bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
   return a0 < b1 && b0 < a1;
 }
 
+// The item of a sorted array of disjoint ranges that contains [start, end), or nullptr.
+template <class T>
+const T *covering(const T *items, size_t count, uintptr_t start, uintptr_t end) noexcept {
+  const T *found = std::partition_point(items, items + count,
+                                        [start](const T &item) { return item.end <= start; });
+  return found != items + count && found->start <= start && found->end >= end ? found : nullptr;
+}
+
 }  // namespace
 
 // ---- Ranges ----
@@ -160,7 +168,7 @@ bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
     merged_start = std::min(merged_start, entries_.items[last].start);
     merged_end = std::max(merged_end, entries_.items[last].end);
   }
-  dirty_ = true;
+  stale_ = true;
   if (last == first) {
     if (!entries_.reserve(1)) return false;
     entries_.insert_at(first, Entry{merged_start, merged_end, 0, 0});
@@ -178,7 +186,7 @@ void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
   bool hole = false;  // registered memory is left next to [start, end)
   for (size_t at = entries_.first_ending_above(start);
        at < entries_.count && entries_.items[at].start < end;) {
-    dirty_ = true;
+    stale_ = true;
     const Entry old = entries_.items[at];
     account(&entries_.items[at], false);
     const bool left = old.start < start;
@@ -218,7 +226,7 @@ void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
 }
 
 void WatchSet::forget_all() noexcept {
-  dirty_ = true;
+  stale_ = true;
   entries_.count = 0;
   watched_bytes_ = 0;
   idle_ = 0;
@@ -248,7 +256,6 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
   }
   gaps += at < end ? 1 : 0;
   if (!pieces_.reserve(gaps) || !stock_spares(gaps)) return false;
-  dirty_ = dirty_ || gaps > 0;
   // Fill each gap with a piece as wide as the free space around it inside the entry.
   at = start;
   for (size_t i = first;; ++i) {
@@ -258,14 +265,22 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
       const uintptr_t lo = i > 0 ? std::max(entry_start, pieces_.items[i - 1].end) : entry_start;
       const uintptr_t hi =
           i < pieces_.count ? std::min(entry_end, pieces_.items[i].start) : entry_end;
-      pieces_.insert_at(i, Piece{lo, hi, take_spare()});
+      PieceCount *count = revivable(lo, hi);
+      if (count != nullptr) {
+        count->removed = false;  // the table and the snapshot agree again on this piece
+      } else {
+        count = take_spare();
+        stale_ = true;
+      }
+      pieces_.insert_at(i, Piece{lo, hi, count});
       pieces_changed(lo, hi, true);
       ++i;
     }
     if (!piece_here) break;
     at = pieces_.items[i].end;
   }
-  // A new piece goes from 0 to 1 here, unpublished: no fast path can reach its count yet.
+  // A new piece goes from 0 to 1 here: unpublished, or revived (a fast path that shows it fails
+  // on its 0 until then, and may count in it once the table holds it again).
   for (size_t i = pieces_.first_ending_above(start);
        i < pieces_.count && pieces_.items[i].start < end; ++i) {
     pieces_.items[i].count->watches.fetch_add(1, std::memory_order_relaxed);
@@ -288,6 +303,19 @@ bool WatchSet::stock_spares(size_t count) noexcept {
     spares_ = fresh;
   }
   return true;
+}
+
+// The count of a piece of exactly [start, end) that the published snapshot still shows although
+// the table dropped it (its last watch left; see publish()), or nullptr. REQUIRES: no piece of
+// the table overlaps [start, end). Reusing it makes a mapping's watch after its last unwatch
+// publish nothing.
+WatchSet::PieceCount *WatchSet::revivable(uintptr_t start, uintptr_t end) const noexcept {
+  const Snapshot *snapshot = published_.load(std::memory_order_relaxed);  // our own store
+  if (snapshot == nullptr) return nullptr;
+  const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
+  if (piece == nullptr || piece->start != start || piece->end != end) return nullptr;
+  MRC_DASSERT(piece->count->removed && piece->count->watches.load() == 0);
+  return piece->count;
 }
 
 WatchSet::PieceCount *WatchSet::take_spare() noexcept {
@@ -417,7 +445,6 @@ void WatchSet::unregister_entry(size_t index) noexcept {
   uintptr_t hi = entries_.items[index].end;
   account(&entries_.items[index], false);
   entries_.erase_at(index);
-  dirty_ = true;
   if (config_.mode != MRC_MONITOR_MISSING) {
     // Never leave a split behind: a VMA that grew in place (no event) carries our registration
     // past the entry. Take the whole VMA when no other entry and no watch lies in the rest.
@@ -460,12 +487,11 @@ void WatchSet::destroy_all() noexcept {
   for (size_t i = 0; i < pieces_.count; ++i) {
     PieceCount *count = pieces_.items[i].count;
     count->watches.store(0, std::memory_order_relaxed);
-    count->next = unpublished_;
-    unpublished_ = count;
+    drop_count(count);
   }
   withdraw();
   while (spares_ != nullptr) delete take_spare();  // never published
-  dirty_ = false;
+  stale_ = false;
   entries_.release();
   pieces_.release();
   watched_bytes_ = 0;
@@ -519,27 +545,13 @@ void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
     }
     const uintptr_t lo = piece.start;
     const uintptr_t hi = piece.end;
-    piece.count->next = unpublished_;
-    unpublished_ = piece.count;
+    drop_count(piece.count);
     pieces_.erase_at(at);
-    dirty_ = true;
     pieces_changed(lo, hi, false);
   }
 }
 
 // ---- WatchSet: the lock-free fast path ----
-
-namespace {
-
-// The item of a sorted array of disjoint ranges that contains [start, end), or nullptr.
-template <class T>
-const T *covering(const T *items, size_t count, uintptr_t start, uintptr_t end) noexcept {
-  const T *found = std::partition_point(items, items + count,
-                                        [start](const T &item) { return item.end <= start; });
-  return found != items + count && found->start <= start && found->end >= end ? found : nullptr;
-}
-
-}  // namespace
 
 bool WatchSet::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
   const Snapshot *snapshot = published_.load(std::memory_order_acquire);
@@ -571,7 +583,7 @@ bool WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept {
 }
 
 void WatchSet::publish() noexcept {
-  if (!dirty_) return;
+  if (!stale_) return;
   const Snapshot *fresh = nullptr;
   if (config_.uffd >= 0 && pieces_.count != 0) {  // no piece: nothing the fast path could count
     const size_t bytes =
@@ -591,12 +603,21 @@ void WatchSet::publish() noexcept {
     fresh = snapshot;
   }
   replace_snapshot(fresh);
-  dirty_ = false;
+  stale_ = false;
 }
 
 void WatchSet::withdraw() noexcept {
   replace_snapshot(nullptr);
-  dirty_ = true;
+  stale_ = true;
+}
+
+// A piece left the table; its count is freed once no snapshot shows it (replace_snapshot).
+void WatchSet::drop_count(PieceCount *count) noexcept {
+  count->removed = true;
+  if (count->listed) return;  // revived and dropped again since the last snapshot
+  count->listed = true;
+  count->next = unpublished_;
+  unpublished_ = count;
 }
 
 void WatchSet::replace_snapshot(const Snapshot *fresh) noexcept {
@@ -604,10 +625,14 @@ void WatchSet::replace_snapshot(const Snapshot *fresh) noexcept {
   // entries in it, before the pointer).
   const Snapshot *old = published_.exchange(fresh, std::memory_order_release);
   if (old != nullptr) epoch_domain().retire(const_cast<Snapshot *>(old), &reclaim_snapshot);
+  // Only now: a count retired while a published snapshot shows it could be freed under a reader
+  // that loads that snapshot after the retire.
   while (unpublished_ != nullptr) {
     PieceCount *count = unpublished_;
     unpublished_ = count->next;
-    epoch_domain().retire(count, &reclaim_count);
+    count->next = nullptr;
+    count->listed = false;
+    if (count->removed) epoch_domain().retire(count, &reclaim_count);  // else revived: in use
   }
 }
 

@@ -63,23 +63,29 @@
 //   reset() frees the memory (through the epoch domain where readers may hold it).
 //   PieceCount::watches: changed by the mutex holder and, lock-free, by try_*_fast. A count
 //   crosses zero only under the mutex: the fast watch adds only to a count >= 1 and the fast
-//   unwatch subtracts only from a count >= 2 (CAS loops), the locked unwatch that takes it to 0
-//   removes the piece in the same critical section, and reset() stores 0 into every count it
-//   drops. So 0 is final for a PieceCount: a count can never be revived after the mutex holder
-//   decided that its piece is gone (and may unregister what it kept in use). Relaxed: the count
+//   unwatch subtracts only from a count >= 2 (CAS loops); the locked unwatch that takes it to 0
+//   removes the piece from the table in the same critical section, and reset() stores 0 into
+//   every count it drops. So no fast path can revive a count after the mutex holder decided that
+//   its piece is gone (and may unregister what it kept in use). Only the mutex holder may: a
+//   later watch that needs a piece of exactly that shape again (revivable()) puts the same count
+//   back into the table, inside a registered entry, before it adds to it. Relaxed: the count
 //   publishes nothing; the atomicity of the read-modify-writes is the whole protocol.
-//   published_ (the snapshot): rebuilt by the mutex holder whenever shapes changed (publish(),
-//   at the end of each locked call) and stored with a release; try_*_fast load it (acquire,
-//   pairs with that store: the snapshot's contents, and the UFFDIO_REGISTER of every entry in
-//   it, happen before the reader sees them), inside an EpochGuard of the process-wide domain.
-//   A replaced snapshot, and then the PieceCounts of pieces it showed that are gone, are retired
-//   to that domain (in that order: a count retired before the snapshot that shows it is replaced
-//   could be freed under a reader that loaded it after the retire), so a reader holding a stale
-//   snapshot never reads freed memory; and what it finds there is safe to act on: a
-//   piece in any snapshot whose count is >= 1 is still in the table with the same shape (pieces
-//   never change shape while they count), and every entry such a piece overlaps stays
-//   registered (entries in use are never unregistered) unless an unmap took it away.
-//   Unmaps: forget() runs only while draining the monitor's records, and withdraw() (a release
+//   published_ (the snapshot): rebuilt by the mutex holder at the end of each locked call when
+//   the table gained a piece or an entry or forgot one (publish()), and stored with a release;
+//   try_*_fast load it (acquire, pairs with that store: the snapshot's contents, and the
+//   UFFDIO_REGISTER of every entry in it, happen before the reader sees them) inside an
+//   EpochGuard of the process-wide domain. A replaced snapshot, and then the PieceCounts of
+//   pieces it showed that left the table, are retired to that domain (in that order: a count
+//   retired while a published snapshot shows it could be freed under a reader that loads that
+//   snapshot after the retire), so no reader touches freed memory.
+//   A published snapshot may be older than the table in two ways only, both safe to act on:
+//   it may show pieces that left the table (their count is 0 until the mutex holder revives
+//   one, with the same shape, inside a registered entry) and entries unregistered as idle (no
+//   piece in the table overlapped them then). So when try_watch_fast finds a count >= 1, its
+//   piece is in the table with the shape shown (pieces never change shape while they count),
+//   the piece lay inside a registered entry when it was (re)made, and registered memory under a
+//   piece in the table is lost only to an unmap (forget), which the snapshot reflects:
+//   forget() runs only while draining the monitor's records, and withdraw() (a release
 //   store of null) precedes that drain; the drain advances the internal consumer's cursor
 //   (release) after it. The fast watch checks that consumer's quiescent() (acquire) before it
 //   loads the snapshot: if it sees the cursor past a record it sees null or a later snapshot;
@@ -130,8 +136,9 @@ class WatchSet {
   // consumer quiescent() after entering the guard (see SYNCHRONIZATION).
   [[nodiscard]] bool try_watch_fast(uintptr_t start, uintptr_t end) const noexcept;
   [[nodiscard]] bool try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept;
-  // Makes the fast path see the table as it is now (when shapes changed since the last call).
-  // Without memory for a snapshot the fast path stays off until a later call succeeds.
+  // Makes the fast path see the table's pieces and entries (when it gained some or forgot some
+  // since the last call; see SYNCHRONIZATION for what a snapshot may still show). Without memory
+  // for a snapshot the fast path stays off until a later call succeeds.
   void publish() noexcept;
   // Turns the fast path off until the next publish(): before records that cut entries are applied.
   void withdraw() noexcept;
@@ -170,11 +177,14 @@ class WatchSet {
     uint64_t idle_since;  // when `pieces` last fell to 0 (eviction order); 0 while in use
   };
   // A piece's watch count, on a line of its own (pieces of different mappings are counted by
-  // different threads). `next` links counters allocated ahead of need (spares_) and those of
-  // removed pieces that the published snapshot may still show (unpublished_).
+  // different threads). The rest is the mutex holder's: `next` links counts allocated ahead of
+  // need (spares_) and those of pieces that left the table while the published snapshot may
+  // still show them (unpublished_, `listed`); `removed`: not in the table (revivable()).
   struct alignas(64) PieceCount {
     std::atomic<uint64_t> watches{0};
     PieceCount *next = nullptr;
+    bool listed = false;
+    bool removed = false;
   };
   struct Piece {
     uintptr_t start;
@@ -229,6 +239,8 @@ class WatchSet {
   void destroy_all() noexcept;
   [[nodiscard]] bool stock_spares(size_t count) noexcept;
   PieceCount *take_spare() noexcept;
+  PieceCount *revivable(uintptr_t start, uintptr_t end) const noexcept;
+  void drop_count(PieceCount *count) noexcept;
   void replace_snapshot(const Snapshot *fresh) noexcept;
   static void reclaim_count(void *count) noexcept;
   static void reclaim_snapshot(void *snapshot) noexcept;
@@ -240,7 +252,9 @@ class WatchSet {
   uint64_t idle_ = 0;        // entries with no piece
   uint64_t idle_clock_ = 0;  // ticks whenever an entry falls idle
   bool room_wanted_ = false;
-  bool dirty_ = false;  // shapes changed since the snapshot was built
+  // The snapshot lacks a piece or an entry the table has (or it was withdrawn): publish()
+  // rebuilds it. Pieces and entries that left the table do not make it stale (see publish()).
+  bool stale_ = false;
   PieceCount *spares_ = nullptr;
   // Retired only after the snapshot that shows them is replaced: a reader that loads that
   // snapshot after their retire() would not be waited for.
