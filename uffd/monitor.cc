@@ -1121,6 +1121,10 @@ void set_idle_vmas(int64_t vmas) { g.idle_vmas.store(vmas, std::memory_order_rel
 void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
+void with_registry_locked(void (*fn)(void *arg), void *arg) {
+  std::lock_guard<std::mutex> hold(g.mutex);
+  fn(arg);
+}
 int monitor_fd() {
   std::lock_guard<std::mutex> hold(g.mutex);
   return g.running ? g.uffd : -1;

@@ -188,6 +188,9 @@ uint64_t registrations();
 // Called (under the registry mutex) between watch()'s lookup of a mapping and its
 // UFFDIO_REGISTER of [start, end), where the application may change the mapping; nullptr = none.
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end));
+// Runs fn(arg) on the calling thread while it holds the registry mutex: tests show which watch
+// and unwatch calls never take it (they finish while fn waits for them).
+void with_registry_locked(void (*fn)(void *arg), void *arg);
 // The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).
 int monitor_fd();
 // How the running monitor thread waits: "io_uring+defer" (single issuer, deferred task work),
