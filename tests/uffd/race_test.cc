@@ -180,5 +180,144 @@ TEST_F(Race, ManyCachesAtOnce) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+// ---- the watch table's lock-free fast path against its locked slow path ----
+
+// No idle mapping is kept: every last unwatch of a mapping unregisters it at once, so that the
+// slow path's decisions race the fast path's counts as often as possible.
+class FastPathRace : public SubscribedTest {
+ protected:
+  void SetUp() override {
+    testing::set_idle_vmas(0);
+    SubscribedTest::SetUp();
+  }
+  void TearDown() override {
+    SubscribedTest::TearDown();
+    testing::set_idle_vmas(-1);
+  }
+};
+
+// A mapping of `pages` pages with PROT_NONE guards around it (a VMA of its own).
+char *map_alone_pages(size_t pages) {
+  char *raw = map_anonymous((pages + 2) * page_size(), PROT_NONE);
+  char *p = raw + page_size();
+  EXPECT_EQ(mprotect(p, pages * page_size(), PROT_READ | PROT_WRITE), 0);
+  return p;
+}
+void unmap_alone_pages(char *p, size_t pages) {
+  munmap(p - page_size(), (pages + 2) * page_size());
+}
+
+// Threads watch and unwatch pages of one mapping that nothing else watches: a watch that finds
+// another thread's watch is a lock-free count, the last unwatch unregisters the mapping under
+// the mutex. While a thread holds its watch the mapping must stay registered (its madvise is
+// reported to its own consumer): a count revived after the slow path let the piece go, or a
+// count lost, would unregister memory that is watched. At the end nothing is left registered.
+TEST_F(FastPathRace, WatchersAgainstTheLastUnwatch) {
+  constexpr int kThreads = 4;
+  const int rounds = 1000 / kScale;
+  char *m = map_alone_pages(kThreads);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Consumer *mine = nullptr;
+      if (Monitor::subscribe(&mine) != MRC_OK) {
+        failures.fetch_add(1);
+        return;
+      }
+      char *page = m + static_cast<size_t>(t) * page_size();
+      for (int round = 0; round < rounds; ++round) {
+        if (consumer_->watch(u(page), page_size()) != WatchResult::Watched) {
+          if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
+          break;
+        }
+        EXPECT_EQ(madvise(page, page_size(), MADV_DONTNEED), 0);
+        bool seen = false;
+        const DrainResult result = mine->drain([&](const Invalidation &r) {
+          seen = seen || (r.kind == InvalidationKind::Remove && r.start <= u(page) &&
+                          r.end >= u(page) + page_size());
+        });
+        if ((result != DrainResult::Ok || !seen) && failures.fetch_add(1) < 3) {
+          ADD_FAILURE() << "round " << round << ": a watched page's madvise went unreported";
+        }
+        consumer_->unwatch(u(page), page_size());
+      }
+      Monitor::unsubscribe(mine);
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u) << "a watch was counted twice, or never released";
+  unmap_alone_pages(m, kThreads);
+}
+
+// Lock-free counting stays exact while the slow path rebuilds and retires what the fast path
+// reads: threads hold and release batches of watches in a mapping that an anchor keeps
+// registered, while another thread cuts holes into that mapping and fills them (its records make
+// the fast path wait for the drain; the table and its snapshot change shape) and watches
+// mappings of its own (new pieces, unregistrations). Afterwards the anchor alone keeps the
+// mapping registered, and its unwatch lets the mapping go: any count lost or added shows.
+TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
+  constexpr int kWatchers = 3;
+  constexpr size_t kPages = 256;
+  constexpr size_t kHole = 240;  // the churn's page; watchers stay below 200
+  const int churn_rounds = 300 / kScale;
+  const size_t page = page_size();
+  char *m = map_alone_pages(kPages);
+  ASSERT_EQ(consumer_->watch(u(m), page), WatchResult::Watched);  // the anchor
+  std::atomic<bool> churned{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWatchers; ++t) {
+    threads.emplace_back([&, t] {
+      constexpr size_t kBatch = 8;
+      Consumer::Range batch[kBatch];
+      uint64_t i = static_cast<uint64_t>(t);
+      for (int round = 0; !churned.load() || round < 2000 / kScale; ++round) {
+        for (auto &range : batch) {
+          range = {u(m + (1 + i++ % 199) * page), page};
+          if (consumer_->watch(range.start, range.length) != WatchResult::Watched) {
+            if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
+            return;
+          }
+        }
+        if (round % 2 == 0) {
+          consumer_->unwatch_many(batch, kBatch);
+        } else {
+          for (const auto &range : batch) consumer_->unwatch(range.start, range.length);
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    char *hole = m + kHole * page;
+    for (int round = 0; round < churn_rounds; ++round) {
+      char *other = map_alone_pages(4);
+      EXPECT_EQ(consumer_->watch(u(other), page), WatchResult::Watched);
+      EXPECT_EQ(munmap(hole, page), 0);
+      void *again = mmap(hole, page, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      EXPECT_EQ(again, hole);
+      EXPECT_EQ(consumer_->watch(u(hole), page), WatchResult::Watched);
+      consumer_->unwatch(u(hole), page);
+      consumer_->unwatch(u(other), page);
+      unmap_alone_pages(other, 4);
+    }
+    churned.store(true);
+  });
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  (void)drain_all(consumer_);
+  ASSERT_EQ(madvise(m + 210 * page, page, MADV_DONTNEED), 0);
+  EXPECT_TRUE(
+      covered(drain_all(consumer_), u(m + 210 * page), u(m + 211 * page), InvalidationKind::Remove))
+      << "the anchor's mapping was let go while the anchor held it";
+  consumer_->unwatch(u(m), page);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u) << "a watch was counted twice, or never released";
+  ASSERT_EQ(madvise(m + 211 * page, page, MADV_DONTNEED), 0);
+  EXPECT_FALSE(touches(drain_all(consumer_), u(m + 211 * page), u(m + 212 * page)));
+  unmap_alone_pages(m, kPages);
+}
+
 }  // namespace
 }  // namespace mrc::uffd::test
