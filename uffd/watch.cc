@@ -590,7 +590,7 @@ void WatchSet::publish() noexcept {
         sizeof(Snapshot) + entries_.count * sizeof(Span) + pieces_.count * sizeof(Piece);
     void *memory = ::operator new(bytes, std::nothrow);
     if (memory == nullptr) {
-      withdraw();  // stays dirty: the next call tries again
+      withdraw();  // stays stale: the next call tries again
       return;
     }
     auto *snapshot = new (memory) Snapshot{entries_.count, pieces_.count};

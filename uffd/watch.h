@@ -77,7 +77,9 @@
 //   EpochGuard of the process-wide domain. A replaced snapshot, and then the PieceCounts of
 //   pieces it showed that left the table, are retired to that domain (in that order: a count
 //   retired while a published snapshot shows it could be freed under a reader that loads that
-//   snapshot after the retire), so no reader touches freed memory.
+//   snapshot after the retire), so no reader touches freed memory. retire() runs under the
+//   registry mutex (lock order: registry mutex, then the epoch domain's, as in the fork
+//   handlers) and may run other objects' reclaim callbacks: none may take the registry mutex.
 //   A published snapshot may be older than the table in two ways only, both safe to act on:
 //   it may show pieces that left the table (their count is 0 until the mutex holder revives
 //   one, with the same shape, inside a registered entry) and entries unregistered as idle (no
