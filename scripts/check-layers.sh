@@ -3,7 +3,7 @@
 #
 #   layer 0  include/mrcache/  may include: mrcache/                      third-party: none
 #   layer 1  pgtable/          may include: mrcache/ pgtable/             third-party: none
-#   layer 2  uffd/             may include: mrcache/ pgtable/check.h uffd/    liburing
+#   layer 2  uffd/             may include: mrcache/ pgtable/check.h pgtable/epoch.h uffd/  liburing
 #   layer 2  backends/         may include: mrcache/ pgtable/check.h backends/ liburing, rdma-core
 #   layer 3  core/             may include: every layer above and core/   fmt, libnuma, all above
 #   layer 4  tools/ tests/     not checked (they see the library and its private headers)
@@ -45,7 +45,8 @@ allowed_internal() {
   case $layer:$tl in
     pgtable:public) return 0 ;;
     uffd:public | backends:public) return 0 ;;
-    uffd:pgtable | backends:pgtable) [[ $target == pgtable/check.h ]] && return 0 ;;
+    uffd:pgtable) [[ $target == pgtable/check.h || $target == pgtable/epoch.h ]] && return 0 ;;
+    backends:pgtable) [[ $target == pgtable/check.h ]] && return 0 ;;
     core:public | core:pgtable | core:uffd | core:backends) return 0 ;;
   esac
   return 1

@@ -5,6 +5,9 @@
 //   g.mutex (the registry mutex) guards: the subscriber list and count, start/stop and every
 //   field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
 //   the watch table (g.watches) and the internal consumer that keeps it in step with the queue.
+//   Not guarded: the watch table's fast path (Consumer::watch/unwatch_many of memory whose piece
+//   already counts a watch), which reads the internal consumer's quiescent() and the table's
+//   published snapshot inside an EpochGuard and changes only a piece's count (watch.h).
 //   Lock order: g.mutex, then the /proc/self/maps slot mutexes (maps.cc). The fork handlers
 //   take both before fork and release them after, so the child inherits them unlocked and
 //   consistent.
@@ -47,6 +50,7 @@
 #include <new>
 
 #include "pgtable/check.h"
+#include "pgtable/epoch.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
 #include "uffd/uffd.h"
@@ -880,6 +884,9 @@ void wait_for_unmaps_in_flight(int uffd) noexcept {
 void sync_watches_locked(bool settle) noexcept {
   if (!g.running) return;
   if (settle) wait_for_unmaps_in_flight(g.uffd);
+  // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
+  // the snapshot that shows it (watch.h); the caller publishes the table again when done.
+  g.watches.withdraw();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
       if (record.kind == InvalidationKind::Remove) return;
@@ -977,13 +984,19 @@ DrainResult Consumer::lapped(uint64_t head) noexcept {
   return DrainResult::Overflow;
 }
 
-// The fast path: one mutex, no syscall. The internal consumer is drained only when records are
-// waiting; its quiescent() check is three loads.
+// The fast path: no lock, no syscall, when the range lies in a registered mapping and in a piece
+// that already counts a watch (watch.h). The order is the protocol: the internal consumer's
+// records are all applied (quiescent(): three acquire loads), then the snapshot is read. Else the
+// registry mutex; the internal consumer is drained only when records are waiting.
 WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   if (why != nullptr && why_len > 0) why[0] = '\0';
   uintptr_t lo;
   uintptr_t hi;
   if (!page_range(start, length, &lo, &hi, why, why_len)) return WatchResult::NotMonitorable;
+  {
+    EpochGuard guard;
+    if (g.internal.quiescent() && g.watches.try_watch_fast(lo, hi)) return WatchResult::Watched;
+  }
   std::lock_guard<std::mutex> hold(g.mutex);
   if (g.needs_start) start_locked();
   if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
@@ -995,6 +1008,7 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
     result = g.watches.watch(lo, hi, why, why_len);
   }
   if (g.watches.wants_eviction()) evict_idle_watches_locked();
+  g.watches.publish();
   return result;
 }
 
@@ -1003,17 +1017,38 @@ void Consumer::unwatch(uintptr_t start, size_t length) {
   unwatch_many(&range, 1);
 }
 
+// Lock-free for every range whose piece keeps a watch after it; the rest (last watches, which
+// may leave a mapping idle) under one acquisition of the registry mutex per 64 ranges.
 void Consumer::unwatch_many(const Range *ranges, size_t count) {
-  std::lock_guard<std::mutex> hold(g.mutex);
-  if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
-  for (size_t i = 0; i < count; ++i) {
-    uintptr_t lo;
-    uintptr_t hi;
-    if (page_range(ranges[i].start, ranges[i].length, &lo, &hi, nullptr, 0)) {
-      g.watches.unwatch(lo, hi);
+  constexpr size_t kChunk = 64;
+  for (size_t base = 0; base < count; base += kChunk) {
+    const size_t chunk = std::min(kChunk, count - base);
+    uint64_t locked = 0;  // bit i: ranges[base + i] needs the mutex
+    {
+      EpochGuard guard;
+      for (size_t i = 0; i < chunk; ++i) {
+        uintptr_t lo;
+        uintptr_t hi;
+        if (!page_range(ranges[base + i].start, ranges[base + i].length, &lo, &hi, nullptr, 0)) {
+          continue;
+        }
+        if (!g.watches.try_unwatch_fast(lo, hi)) locked |= uint64_t{1} << i;
+      }
     }
+    if (locked == 0) continue;
+    std::lock_guard<std::mutex> hold(g.mutex);
+    if (!g.internal.quiescent()) sync_watches_locked(/*settle=*/false);
+    for (size_t i = 0; i < chunk; ++i) {
+      if ((locked & (uint64_t{1} << i)) == 0) continue;
+      uintptr_t lo;
+      uintptr_t hi;
+      if (page_range(ranges[base + i].start, ranges[base + i].length, &lo, &hi, nullptr, 0)) {
+        g.watches.unwatch(lo, hi);
+      }
+    }
+    if (g.watches.wants_eviction()) evict_idle_watches_locked();
+    g.watches.publish();
   }
-  if (g.watches.wants_eviction()) evict_idle_watches_locked();
 }
 
 mrc_monitor_mode_t Consumer::mode() const noexcept {
@@ -1086,6 +1121,10 @@ void set_idle_vmas(int64_t vmas) { g.idle_vmas.store(vmas, std::memory_order_rel
 void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
+void with_registry_locked(void (*fn)(void *arg), void *arg) {
+  std::lock_guard<std::mutex> hold(g.mutex);
+  fn(arg);
+}
 int monitor_fd() {
   std::lock_guard<std::mutex> hold(g.mutex);
   return g.running ? g.uffd : -1;

@@ -11,8 +11,13 @@
 //                   lock, or calls a backend: anything it freed could be registered memory whose
 //                   munmap waits for the monitor itself.
 //   registry mutex  (monitor.cc) guards the subscriber list, start/stop, the negotiated mode and
-//                   the watch table; subscribe, unsubscribe, watch, unwatch and info take it.
-//                   The monitor thread never takes it. It is held across fork (pthread_atfork).
+//                   the watch table; subscribe, unsubscribe, info, and the watch and unwatch
+//                   calls that change more than a count take it. The monitor thread never takes
+//                   it.
+//   watch/unwatch fast path  any thread, no lock: a watch of memory inside a registered mapping
+//                   whose piece already counts a watch, and an unwatch that leaves its piece a
+//                   watch, are one CAS on that piece's count under an EpochGuard (watch.h). It is
+//                   held across fork (pthread_atfork).
 //   Consumer::quiescent()  any thread, no lock: acquire loads of `pending`, of the queue head
 //                   and of the consumer's cursor. Pairs with the monitor's lowering of `pending`
 //                   (after publishing) and with drain()'s release store of the cursor (after the
@@ -84,8 +89,9 @@ class Consumer {
   // application's VMAs are never split (in MISSING mode exactly the pages asked for). Call before
   // registering with the backend: an unmap between a registration and a later watch would never
   // be seen. Watches are counted, so neighbours never unwatch each other; memory that is already
-  // registered costs no syscall (a mutex and a few loads), including a mapping whose last watch
-  // left a short while ago (idle mappings stay registered, a bounded number of them). The price
+  // registered costs no syscall: no lock either when its mapping counts other watches (a CAS),
+  // the registry mutex when its mapping's last watch left a short while ago (idle mappings stay
+  // registered, a bounded number of them). The price
   // of whole mappings: every munmap/madvise anywhere in a watched mapping is reported (and makes
   // the calling thread wait for the monitor).
   // The window: if another thread unmapped this memory and the monitor has not read that event
@@ -95,10 +101,11 @@ class Consumer {
   // On NotMonitorable, `why` (if given) receives a human-readable reason.
   [[nodiscard]] WatchResult watch(uintptr_t start, size_t length, char *why = nullptr,
                                   size_t why_len = 0);
-  // Drops one watch taken by a successful watch() with the same arguments.
+  // Drops one watch taken by a successful watch() with the same arguments. No lock unless it is
+  // the last watch its piece of the mapping counts.
   void unwatch(uintptr_t start, size_t length);
-  // unwatch() of ranges[0, count) ({start, length} each), under one acquisition of the registry
-  // lock.
+  // unwatch() of ranges[0, count) ({start, length} each); those that need the registry lock
+  // (last watches) take it once per 64 ranges.
   struct Range {
     uintptr_t start;
     size_t length;
@@ -181,6 +188,9 @@ uint64_t registrations();
 // Called (under the registry mutex) between watch()'s lookup of a mapping and its
 // UFFDIO_REGISTER of [start, end), where the application may change the mapping; nullptr = none.
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end));
+// Runs fn(arg) on the calling thread while it holds the registry mutex: tests show which watch
+// and unwatch calls never take it (they finish while fn waits for them).
+void with_registry_locked(void (*fn)(void *arg), void *arg);
 // The userfaultfd of the running monitor, -1 if none (benchmarks compare raw ioctls).
 int monitor_fd();
 // How the running monitor thread waits: "io_uring+defer" (single issuer, deferred task work),

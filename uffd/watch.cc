@@ -55,6 +55,14 @@ bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
   return a0 < b1 && b0 < a1;
 }
 
+// The item of a sorted array of disjoint ranges that contains [start, end), or nullptr.
+template <class T>
+const T *covering(const T *items, size_t count, uintptr_t start, uintptr_t end) noexcept {
+  const T *found = std::partition_point(items, items + count,
+                                        [start](const T &item) { return item.end <= start; });
+  return found != items + count && found->start <= start && found->end >= end ? found : nullptr;
+}
+
 }  // namespace
 
 // ---- Ranges ----
@@ -160,6 +168,7 @@ bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
     merged_start = std::min(merged_start, entries_.items[last].start);
     merged_end = std::max(merged_end, entries_.items[last].end);
   }
+  stale_ = true;
   if (last == first) {
     if (!entries_.reserve(1)) return false;
     entries_.insert_at(first, Entry{merged_start, merged_end, 0, 0});
@@ -177,6 +186,7 @@ void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
   bool hole = false;  // registered memory is left next to [start, end)
   for (size_t at = entries_.first_ending_above(start);
        at < entries_.count && entries_.items[at].start < end;) {
+    stale_ = true;
     const Entry old = entries_.items[at];
     account(&entries_.items[at], false);
     const bool left = old.start < start;
@@ -216,6 +226,7 @@ void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
 }
 
 void WatchSet::forget_all() noexcept {
+  stale_ = true;
   entries_.count = 0;
   watched_bytes_ = 0;
   idle_ = 0;
@@ -228,7 +239,8 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
   size_t first = pieces_.first_ending_above(start);
   if (first < pieces_.count && pieces_.items[first].start <= start &&
       pieces_.items[first].end >= end) {
-    ++pieces_.items[first].watches;  // the common case: one piece covers it
+    // One piece covers it (the fast path missed it only by a race, or took the mutex anyway).
+    pieces_.items[first].count->watches.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   const Entry *entry = containing(start);
@@ -243,7 +255,7 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
     at = pieces_.items[i].end;
   }
   gaps += at < end ? 1 : 0;
-  if (!pieces_.reserve(gaps)) return false;
+  if (!pieces_.reserve(gaps) || !stock_spares(gaps)) return false;
   // Fill each gap with a piece as wide as the free space around it inside the entry.
   at = start;
   for (size_t i = first;; ++i) {
@@ -253,18 +265,66 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
       const uintptr_t lo = i > 0 ? std::max(entry_start, pieces_.items[i - 1].end) : entry_start;
       const uintptr_t hi =
           i < pieces_.count ? std::min(entry_end, pieces_.items[i].start) : entry_end;
-      pieces_.insert_at(i, Piece{lo, hi, 0});
+      PieceCount *count = revivable(lo, hi);
+      if (count != nullptr) {
+        count->removed = false;  // the table and the snapshot agree again on this piece
+      } else {
+        count = take_spare();
+        stale_ = true;
+      }
+      pieces_.insert_at(i, Piece{lo, hi, count});
       pieces_changed(lo, hi, true);
       ++i;
     }
     if (!piece_here) break;
     at = pieces_.items[i].end;
   }
+  // A new piece goes from 0 to 1 here: unpublished, or revived (a fast path that shows it fails
+  // on its 0 until then, and may count in it once the table holds it again).
   for (size_t i = pieces_.first_ending_above(start);
        i < pieces_.count && pieces_.items[i].start < end; ++i) {
-    ++pieces_.items[i].watches;
+    pieces_.items[i].count->watches.fetch_add(1, std::memory_order_relaxed);
   }
   return true;
+}
+
+// Counters for `count` new pieces, allocated before the first is inserted, so that running out
+// of memory leaves the table as it was.
+bool WatchSet::stock_spares(size_t count) noexcept {
+  size_t stocked = 0;
+  for (const PieceCount *spare = spares_; spare != nullptr && stocked < count;
+       spare = spare->next) {
+    ++stocked;
+  }
+  for (; stocked < count; ++stocked) {
+    PieceCount *fresh = new (std::nothrow) PieceCount;
+    if (fresh == nullptr) return false;
+    fresh->next = spares_;
+    spares_ = fresh;
+  }
+  return true;
+}
+
+// The count of a piece of exactly [start, end) that the published snapshot still shows although
+// the table dropped it (its last watch left; see publish()), or nullptr. REQUIRES: no piece of
+// the table overlaps [start, end). Reusing it makes a mapping's watch after its last unwatch
+// publish nothing.
+WatchSet::PieceCount *WatchSet::revivable(uintptr_t start, uintptr_t end) const noexcept {
+  const Snapshot *snapshot = published_.load(std::memory_order_relaxed);  // our own store
+  if (snapshot == nullptr) return nullptr;
+  const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
+  if (piece == nullptr || piece->start != start || piece->end != end) return nullptr;
+  MRC_DASSERT(piece->count->removed && piece->count->watches.load() == 0);
+  return piece->count;
+}
+
+WatchSet::PieceCount *WatchSet::take_spare() noexcept {
+  PieceCount *count = spares_;
+  MRC_CHECK(count != nullptr);  // stock_spares() made them
+  spares_ = count->next;
+  count->next = nullptr;
+  count->watches.store(0, std::memory_order_relaxed);
+  return count;
 }
 
 // ---- registration ----
@@ -422,6 +482,16 @@ void WatchSet::evict_idle() noexcept {
 // ---- WatchSet: public ----
 
 void WatchSet::destroy_all() noexcept {
+  // A reader with the old snapshot may still try these counts: 0 sends it to the mutex, where
+  // the table is empty (the watch is forgotten, like every other).
+  for (size_t i = 0; i < pieces_.count; ++i) {
+    PieceCount *count = pieces_.items[i].count;
+    count->watches.store(0, std::memory_order_relaxed);
+    drop_count(count);
+  }
+  withdraw();
+  while (spares_ != nullptr) delete take_spare();  // never published
+  stale_ = false;
   entries_.release();
   pieces_.release();
   watched_bytes_ = 0;
@@ -465,17 +535,110 @@ void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
   for (size_t at = pieces_.first_ending_above(start);
        at < pieces_.count && pieces_.items[at].start < end;) {
     Piece &piece = pieces_.items[at];
-    MRC_DASSERT(piece.watches > 0);
-    if (--piece.watches != 0) {
+    // Only the mutex holder takes a count from 1 to 0 (a fast unwatch leaves 1), and 0 is final
+    // (a fast watch adds to 1 or more only): the piece goes now, with nobody still counting in it.
+    const uint64_t before = piece.count->watches.fetch_sub(1, std::memory_order_relaxed);
+    MRC_DASSERT(before > 0);
+    if (before != 1) {
       ++at;
       continue;
     }
     const uintptr_t lo = piece.start;
     const uintptr_t hi = piece.end;
+    drop_count(piece.count);
     pieces_.erase_at(at);
     pieces_changed(lo, hi, false);
   }
 }
+
+// ---- WatchSet: the lock-free fast path ----
+
+bool WatchSet::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
+  const Snapshot *snapshot = published_.load(std::memory_order_acquire);
+  if (snapshot == nullptr) return false;
+  if (covering(snapshot->entries(), snapshot->entry_count, start, end) == nullptr) return false;
+  const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
+  if (piece == nullptr) return false;
+  std::atomic<uint64_t> &watches = piece->count->watches;
+  uint64_t seen = watches.load(std::memory_order_relaxed);
+  do {
+    if (seen == 0) return false;  // gone, or going: its last watch left under the mutex
+  } while (!watches.compare_exchange_weak(seen, seen + 1, std::memory_order_relaxed,
+                                          std::memory_order_relaxed));
+  return true;
+}
+
+bool WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept {
+  const Snapshot *snapshot = published_.load(std::memory_order_acquire);
+  if (snapshot == nullptr) return false;
+  const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
+  if (piece == nullptr) return false;
+  std::atomic<uint64_t> &watches = piece->count->watches;
+  uint64_t seen = watches.load(std::memory_order_relaxed);
+  do {
+    if (seen < 2) return false;  // the last watch (or a dropped table): the mutex decides
+  } while (!watches.compare_exchange_weak(seen, seen - 1, std::memory_order_relaxed,
+                                          std::memory_order_relaxed));
+  return true;
+}
+
+void WatchSet::publish() noexcept {
+  if (!stale_) return;
+  const Snapshot *fresh = nullptr;
+  if (config_.uffd >= 0 && pieces_.count != 0) {  // no piece: nothing the fast path could count
+    const size_t bytes =
+        sizeof(Snapshot) + entries_.count * sizeof(Span) + pieces_.count * sizeof(Piece);
+    void *memory = ::operator new(bytes, std::nothrow);
+    if (memory == nullptr) {
+      withdraw();  // stays stale: the next call tries again
+      return;
+    }
+    auto *snapshot = new (memory) Snapshot{entries_.count, pieces_.count};
+    auto *spans = reinterpret_cast<Span *>(snapshot + 1);
+    for (size_t i = 0; i < entries_.count; ++i) {
+      new (&spans[i]) Span{entries_.items[i].start, entries_.items[i].end};
+    }
+    auto *pieces = reinterpret_cast<Piece *>(spans + entries_.count);
+    for (size_t i = 0; i < pieces_.count; ++i) new (&pieces[i]) Piece(pieces_.items[i]);
+    fresh = snapshot;
+  }
+  replace_snapshot(fresh);
+  stale_ = false;
+}
+
+void WatchSet::withdraw() noexcept {
+  replace_snapshot(nullptr);
+  stale_ = true;
+}
+
+// A piece left the table; its count is freed once no snapshot shows it (replace_snapshot).
+void WatchSet::drop_count(PieceCount *count) noexcept {
+  count->removed = true;
+  if (count->listed) return;  // revived and dropped again since the last snapshot
+  count->listed = true;
+  count->next = unpublished_;
+  unpublished_ = count;
+}
+
+void WatchSet::replace_snapshot(const Snapshot *fresh) noexcept {
+  // Release: pairs with the fast path's acquire load (the contents, and the registrations of the
+  // entries in it, before the pointer).
+  const Snapshot *old = published_.exchange(fresh, std::memory_order_release);
+  if (old != nullptr) epoch_domain().retire(const_cast<Snapshot *>(old), &reclaim_snapshot);
+  // Only now: a count retired while a published snapshot shows it could be freed under a reader
+  // that loads that snapshot after the retire.
+  while (unpublished_ != nullptr) {
+    PieceCount *count = unpublished_;
+    unpublished_ = count->next;
+    count->next = nullptr;
+    count->listed = false;
+    if (count->removed) epoch_domain().retire(count, &reclaim_count);  // else revived: in use
+  }
+}
+
+void WatchSet::reclaim_count(void *count) noexcept { delete static_cast<PieceCount *>(count); }
+
+void WatchSet::reclaim_snapshot(void *snapshot) noexcept { ::operator delete(snapshot); }
 
 }  // namespace mrc::uffd::detail
 

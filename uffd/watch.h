@@ -48,11 +48,51 @@
 // the unmap returned): the record, once drained, invalidates what was cached there and cuts the
 // entry, so the next watch there registers.
 //
+// The lock-free fast path: a watch that lies inside one registered entry and one piece that
+// already counts a watch, and an unwatch that leaves its piece a watch, change nothing but that
+// piece's count. Counts live in objects of their own (PieceCount) that the table and a published
+// snapshot (entries and pieces, shapes only) share, so such calls need neither the registry mutex
+// nor the table: try_watch_fast() / try_unwatch_fast(). Everything else (a first watch, a count
+// that crosses zero, registration, idle entries, eviction, forget, reset) takes the mutex.
+//
 // SYNCHRONIZATION
-//   Not thread-safe: every member runs under the monitor's registry mutex. The monitor thread
-//   never touches it. Allocation (nothrow) is allowed here: this is never the monitor thread.
-//   No destructors: the table lives in a process-wide object that must stay usable while other
-//   threads run at exit; reset() frees the memory.
+//   The table (entries_, pieces_, the totals, config_, the counter lists): every member function
+//   not named try_*_fast runs under the monitor's registry mutex. The monitor thread never touches
+//   it. Allocation (nothrow) is allowed here: this is never the monitor thread. No destructors: the
+//   table lives in a process-wide object that must stay usable while other threads run at exit;
+//   reset() frees the memory (through the epoch domain where readers may hold it).
+//   PieceCount::watches: changed by the mutex holder and, lock-free, by try_*_fast. A count
+//   crosses zero only under the mutex: the fast watch adds only to a count >= 1 and the fast
+//   unwatch subtracts only from a count >= 2 (CAS loops); the locked unwatch that takes it to 0
+//   removes the piece from the table in the same critical section, and reset() stores 0 into
+//   every count it drops. So no fast path can revive a count after the mutex holder decided that
+//   its piece is gone (and may unregister what it kept in use). Only the mutex holder may: a
+//   later watch that needs a piece of exactly that shape again (revivable()) puts the same count
+//   back into the table, inside a registered entry, before it adds to it. Relaxed: the count
+//   publishes nothing; the atomicity of the read-modify-writes is the whole protocol.
+//   published_ (the snapshot): rebuilt by the mutex holder at the end of each locked call when
+//   the table gained a piece or an entry or forgot one (publish()), and stored with a release;
+//   try_*_fast load it (acquire, pairs with that store: the snapshot's contents, and the
+//   UFFDIO_REGISTER of every entry in it, happen before the reader sees them) inside an
+//   EpochGuard of the process-wide domain. A replaced snapshot, and then the PieceCounts of
+//   pieces it showed that left the table, are retired to that domain (in that order: a count
+//   retired while a published snapshot shows it could be freed under a reader that loads that
+//   snapshot after the retire), so no reader touches freed memory. retire() runs under the
+//   registry mutex (lock order: registry mutex, then the epoch domain's, as in the fork
+//   handlers) and may run other objects' reclaim callbacks: none may take the registry mutex.
+//   A published snapshot may be older than the table in two ways only, both safe to act on:
+//   it may show pieces that left the table (their count is 0 until the mutex holder revives
+//   one, with the same shape, inside a registered entry) and entries unregistered as idle (no
+//   piece in the table overlapped them then). So when try_watch_fast finds a count >= 1, its
+//   piece is in the table with the shape shown (pieces never change shape while they count),
+//   the piece lay inside a registered entry when it was (re)made, and registered memory under a
+//   piece in the table is lost only to an unmap (forget), which the snapshot reflects:
+//   forget() runs only while draining the monitor's records, and withdraw() (a release
+//   store of null) precedes that drain; the drain advances the internal consumer's cursor
+//   (release) after it. The fast watch checks that consumer's quiescent() (acquire) before it
+//   loads the snapshot: if it sees the cursor past a record it sees null or a later snapshot;
+//   if records are pending or unapplied it takes the slow path. So a watch that starts after an
+//   unmap returned never trusts an entry that unmap cut (the pending protocol of uffd.h).
 //   g_registrations (a statistic) and g_before_register (test-only, set by the thread that then
 //   watches) are relaxed atomics: nothing is published through them.
 #pragma once
@@ -62,6 +102,7 @@
 #include <cstdint>
 
 #include "mrcache/mrcache.h"
+#include "pgtable/epoch.h"
 #include "uffd/uffd.h"
 
 namespace mrc::uffd::detail {
@@ -88,6 +129,21 @@ class WatchSet {
 
   // Forgets everything and adopts a new userfaultfd (after start, or after fork).
   void reset(const WatchConfig &config) noexcept;
+
+  // Lock-free, any thread, inside an EpochGuard of epoch_domain(). REQUIRES: start < end, both
+  // page-aligned. try_watch_fast counts a watch of [start, end) when one registered entry and
+  // one piece that already counts a watch cover it; try_unwatch_fast drops one when one piece
+  // covers it and keeps a watch after. false: nothing changed, take the mutex and call
+  // watch() / unwatch(). REQUIRES for try_watch_fast: the caller saw the monitor's internal
+  // consumer quiescent() after entering the guard (see SYNCHRONIZATION).
+  [[nodiscard]] bool try_watch_fast(uintptr_t start, uintptr_t end) const noexcept;
+  [[nodiscard]] bool try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept;
+  // Makes the fast path see the table's pieces and entries (when it gained some or forgot some
+  // since the last call; see SYNCHRONIZATION for what a snapshot may still show). Without memory
+  // for a snapshot the fast path stays off until a later call succeeds.
+  void publish() noexcept;
+  // Turns the fast path off until the next publish(): before records that cut entries are applied.
+  void withdraw() noexcept;
 
   // REQUIRES: start < end, both page-aligned. NotMonitorable leaves no watch counted; mappings it
   // registered before it failed stay as idle entries.
@@ -122,10 +178,34 @@ class WatchSet {
     uint64_t pieces;      // pieces overlapping it
     uint64_t idle_since;  // when `pieces` last fell to 0 (eviction order); 0 while in use
   };
+  // A piece's watch count, on a line of its own (pieces of different mappings are counted by
+  // different threads). The rest is the mutex holder's: `next` links counts allocated ahead of
+  // need (spares_) and those of pieces that left the table while the published snapshot may
+  // still show them (unpublished_, `listed`); `removed`: not in the table (revivable()).
+  struct alignas(64) PieceCount {
+    std::atomic<uint64_t> watches{0};
+    PieceCount *next = nullptr;
+    bool listed = false;
+    bool removed = false;
+  };
   struct Piece {
     uintptr_t start;
     uintptr_t end;
-    uint64_t watches;
+    PieceCount *count;
+  };
+  struct Span {
+    uintptr_t start;
+    uintptr_t end;
+  };
+  // What the fast path reads: the entries' and the pieces' shapes, sorted, in one allocation
+  // (the two arrays follow the header).
+  struct Snapshot {
+    size_t entry_count;
+    size_t piece_count;
+    const Span *entries() const noexcept { return reinterpret_cast<const Span *>(this + 1); }
+    const Piece *pieces() const noexcept {
+      return reinterpret_cast<const Piece *>(entries() + entry_count);
+    }
   };
   // A sorted array of disjoint ranges (entries or pieces).
   template <class T>
@@ -159,6 +239,13 @@ class WatchSet {
   void unregister_entry(size_t index) noexcept;
   void unregister(uintptr_t start, uintptr_t end) noexcept;
   void destroy_all() noexcept;
+  [[nodiscard]] bool stock_spares(size_t count) noexcept;
+  PieceCount *take_spare() noexcept;
+  PieceCount *revivable(uintptr_t start, uintptr_t end) const noexcept;
+  void drop_count(PieceCount *count) noexcept;
+  void replace_snapshot(const Snapshot *fresh) noexcept;
+  static void reclaim_count(void *count) noexcept;
+  static void reclaim_snapshot(void *snapshot) noexcept;
 
   WatchConfig config_;
   Ranges<Entry> entries_;
@@ -167,6 +254,14 @@ class WatchSet {
   uint64_t idle_ = 0;        // entries with no piece
   uint64_t idle_clock_ = 0;  // ticks whenever an entry falls idle
   bool room_wanted_ = false;
+  // The snapshot lacks a piece or an entry the table has (or it was withdrawn): publish()
+  // rebuilds it. Pieces and entries that left the table do not make it stale (see publish()).
+  bool stale_ = false;
+  PieceCount *spares_ = nullptr;
+  // Retired only after the snapshot that shows them is replaced: a reader that loads that
+  // snapshot after their retire() would not be waited for.
+  PieceCount *unpublished_ = nullptr;
+  std::atomic<const Snapshot *> published_{nullptr};
 };
 
 // UFFDIO_REGISTER calls since the process started (testing::registrations()).

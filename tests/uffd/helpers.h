@@ -162,4 +162,26 @@ inline char *map_aligned(size_t length, size_t alignment) {
 
 inline uintptr_t u(const void *p) { return reinterpret_cast<uintptr_t>(p); }
 
+// Whether the VMA that holds `address` is registered with a userfaultfd: "uw" (write-protect
+// modes) or "um" (missing mode) among its VmFlags in /proc/self/smaps. Asking makes no event,
+// so it leaves the monitor's consumers quiescent (an madvise would not).
+inline bool registered_with_uffd(uintptr_t address) {
+  FILE *smaps = fopen("/proc/self/smaps", "r");
+  if (smaps == nullptr) return false;
+  bool inside = false;
+  bool registered = false;
+  unsigned long start, end;
+  char line[512];
+  while (fgets(line, sizeof(line), smaps) != nullptr) {
+    if (sscanf(line, "%lx-%lx ", &start, &end) == 2) {  // a mapping's first line
+      inside = start <= address && address < end;
+    } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+      registered = strstr(line, " uw") != nullptr || strstr(line, " um") != nullptr;
+      break;
+    }
+  }
+  fclose(smaps);
+  return registered;
+}
+
 }  // namespace mrc::uffd::test

@@ -180,5 +180,146 @@ TEST_F(Race, ManyCachesAtOnce) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+// ---- the watch table's lock-free fast path against its locked slow path ----
+
+// One idle mapping is kept: of two mappings that fall idle, the older is unregistered, so that
+// the slow path's decisions race the fast path's counts often.
+class FastPathRace : public SubscribedTest {
+ protected:
+  void SetUp() override {
+    testing::set_idle_vmas(1);
+    SubscribedTest::SetUp();
+  }
+  void TearDown() override {
+    SubscribedTest::TearDown();
+    testing::set_idle_vmas(-1);
+  }
+  // Makes the idle mapping kept (if any) the older of two idle ones: it is unregistered.
+  void let_the_idle_mapping_go();
+};
+
+// A mapping of `pages` pages with PROT_NONE guards around it (a VMA of its own).
+char *map_alone_pages(size_t pages) {
+  char *raw = map_anonymous((pages + 2) * page_size(), PROT_NONE);
+  char *p = raw + page_size();
+  EXPECT_EQ(mprotect(p, pages * page_size(), PROT_READ | PROT_WRITE), 0);
+  return p;
+}
+void unmap_alone_pages(char *p, size_t pages) {
+  munmap(p - page_size(), (pages + 2) * page_size());
+}
+
+void FastPathRace::let_the_idle_mapping_go() {
+  char *third = map_alone_pages(1);
+  ASSERT_EQ(consumer_->watch(u(third), page_size()), WatchResult::Watched);
+  consumer_->unwatch(u(third), page_size());
+  unmap_alone_pages(third, 1);
+}
+
+// Threads watch and unwatch pages of two mappings that nothing else watches: a watch that finds
+// another thread's watch is a lock-free count; the last unwatch leaves the mapping idle, and
+// once both are idle the older is unregistered, under the mutex; a watch of an idle mapping
+// finds its old piece with a count of 0 and brings it back under the mutex. While a thread holds a
+// watch the mapping must be registered (asked of /proc/self/smaps, which makes no event: an event
+// would send every watch to the slow path until it is drained). A count revived after the slow path
+// let its piece go, or a count lost, leaves watched memory unregistered; a count added leaves the
+// mapping registered at the end.
+TEST_F(FastPathRace, WatchersAgainstTheLastUnwatch) {
+  constexpr int kThreads = 4;
+  const int rounds = 20000 / kScale;
+  char *m[2] = {map_alone_pages(kThreads), map_alone_pages(kThreads)};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < rounds; ++round) {
+        char *page = m[(round / 8 + t) % 2] + static_cast<size_t>(t) * page_size();
+        if (consumer_->watch(u(page), page_size()) != WatchResult::Watched) {
+          if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
+          break;
+        }
+        // Now and then (a smaps read is slow): most rounds are quick pairs that cross zero.
+        if (round % 16 == t && !registered_with_uffd(u(page)) && failures.fetch_add(1) < 3) {
+          ADD_FAILURE() << "round " << round << ": a watched page is not registered";
+        }
+        consumer_->unwatch(u(page), page_size());
+      }
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  // Both idle now, one of them kept, until another mapping falls idle. A watch still counted
+  // would keep its mapping registered.
+  let_the_idle_mapping_go();
+  EXPECT_FALSE(registered_with_uffd(u(m[0]))) << "a watch was counted twice, or never released";
+  EXPECT_FALSE(registered_with_uffd(u(m[1]))) << "a watch was counted twice, or never released";
+  for (char *mapping : m) unmap_alone_pages(mapping, kThreads);
+}
+
+// Lock-free counting stays exact while the slow path rebuilds and retires what the fast path
+// reads: threads hold and release batches of watches in a mapping that an anchor keeps
+// registered, while another thread cuts holes into that mapping and fills them (its records make
+// the fast path wait for the drain; the table and its snapshot change shape) and watches
+// mappings of its own (new pieces, unregistrations). Afterwards the anchor alone keeps the
+// mapping registered, and its unwatch lets the mapping go: any count lost or added shows.
+TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
+  constexpr int kWatchers = 3;
+  constexpr size_t kPages = 256;
+  constexpr size_t kHole = 240;  // the churn's page; watchers stay below 200
+  const int churn_rounds = 300 / kScale;
+  const size_t page = page_size();
+  char *m = map_alone_pages(kPages);
+  ASSERT_EQ(consumer_->watch(u(m), page), WatchResult::Watched);  // the anchor
+  std::atomic<bool> churned{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWatchers; ++t) {
+    threads.emplace_back([&, t] {
+      constexpr size_t kBatch = 8;
+      Consumer::Range batch[kBatch];
+      uint64_t i = static_cast<uint64_t>(t);
+      for (int round = 0; !churned.load() || round < 2000 / kScale; ++round) {
+        for (auto &range : batch) {
+          range = {u(m + (1 + i++ % 199) * page), page};
+          if (consumer_->watch(range.start, range.length) != WatchResult::Watched) {
+            if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
+            return;
+          }
+        }
+        if (round % 2 == 0) {
+          consumer_->unwatch_many(batch, kBatch);
+        } else {
+          for (const auto &range : batch) consumer_->unwatch(range.start, range.length);
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    char *hole = m + kHole * page;
+    for (int round = 0; round < churn_rounds; ++round) {
+      char *other = map_alone_pages(4);
+      EXPECT_EQ(consumer_->watch(u(other), page), WatchResult::Watched);
+      EXPECT_EQ(munmap(hole, page), 0);
+      void *again = mmap(hole, page, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      EXPECT_EQ(again, hole);
+      EXPECT_EQ(consumer_->watch(u(hole), page), WatchResult::Watched);
+      consumer_->unwatch(u(hole), page);
+      consumer_->unwatch(u(other), page);
+      unmap_alone_pages(other, 4);
+    }
+    churned.store(true);
+  });
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(registered_with_uffd(u(m + 210 * page)))
+      << "the anchor's mapping was let go while the anchor held it";
+  consumer_->unwatch(u(m), page);
+  let_the_idle_mapping_go();
+  EXPECT_FALSE(registered_with_uffd(u(m + 210 * page)))
+      << "a watch was counted twice, or never released";
+  unmap_alone_pages(m, kPages);
+}
+
 }  // namespace
 }  // namespace mrc::uffd::test

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -60,6 +61,13 @@ class Watch : public SubscribedTest {
     EXPECT_EQ(munmap(page, page_size()), 0);
     const auto records = drain();
     return covered(records, u(page), u(page) + page_size(), InvalidationKind::Unmap);
+  }
+
+  // madvise(DONTNEED)s one page (the mapping stays whole) and says whether it was reported.
+  bool madvise_is_reported(char *page) {
+    EXPECT_EQ(madvise(page, page_size(), MADV_DONTNEED), 0);
+    const auto records = drain();
+    return covered(records, u(page), u(page) + page_size(), InvalidationKind::Remove);
   }
 
   char why_[256];
@@ -157,6 +165,131 @@ TEST_F(Watch, UnwatchManyDropsEachWatchOnce) {
   EXPECT_EQ(monitor_info().watched_bytes, 0u);
   EXPECT_FALSE(unmap_is_reported(p + 6 * page));
   unmap_alone(p, 8 * page);
+}
+
+// ---- the lock-free fast path ----
+
+// Runs `call` on another thread while this one holds the monitor's registry mutex for up to
+// `patience`; true if the call finished meanwhile (so it never took the mutex). The call always
+// finishes: the mutex is released after `patience` and the thread joined.
+bool finishes_while_registry_locked(std::function<void()> call,
+                                    std::chrono::milliseconds patience) {
+  struct Context {
+    std::function<void()> call;
+    std::chrono::milliseconds patience;
+    std::atomic<bool> done{false};
+    bool finished = false;
+    std::thread thread;
+  } context;
+  context.call = std::move(call);
+  context.patience = patience;
+  testing::with_registry_locked(
+      [](void *arg) {
+        auto *c = static_cast<Context *>(arg);
+        c->thread = std::thread([c] {
+          c->call();
+          c->done.store(true);
+        });
+        const auto deadline = std::chrono::steady_clock::now() + c->patience;
+        while (!c->done.load() && std::chrono::steady_clock::now() < deadline) usleep(200);
+        c->finished = c->done.load();
+      },
+      &context);
+  context.thread.join();
+  return context.finished;
+}
+
+constexpr std::chrono::milliseconds kPatience{5000};  // a loaded machine, a sanitizer
+constexpr std::chrono::milliseconds kShortPatience{200};
+
+// A watch of memory whose mapping already counts a watch, and an unwatch that leaves one, are a
+// count on that mapping's piece: they finish while another thread holds the registry mutex.
+TEST_F(Watch, WatchesThatOnlyCountTakeNoLock) {
+  restart(/*idle=*/0);
+  const size_t page = page_size();
+  char *p = map_alone(16 * page);
+  watch(p, page);  // the mapping's first watch: registers it, makes its piece
+  const uint64_t before = testing::registrations();
+  EXPECT_TRUE(finishes_while_registry_locked(
+      [&] { EXPECT_EQ(consumer_->watch(u(p + 5 * page), page), WatchResult::Watched); },
+      kPatience));
+  EXPECT_TRUE(finishes_while_registry_locked(
+      [&] { EXPECT_EQ(consumer_->watch(u(p + 5 * page), 3 * page), WatchResult::Watched); },
+      kPatience));
+  EXPECT_TRUE(finishes_while_registry_locked([&] { consumer_->unwatch(u(p + 5 * page), page); },
+                                             kPatience));
+  const Consumer::Range ranges[] = {{u(p + 5 * page), 3 * page}};
+  EXPECT_TRUE(
+      finishes_while_registry_locked([&] { consumer_->unwatch_many(ranges, 1); }, kPatience));
+  EXPECT_EQ(testing::registrations(), before);
+  // Counted exactly: the first watch is the only one left, and it keeps the mapping registered.
+  EXPECT_TRUE(registered_with_uffd(u(p + 12 * page)));
+  unwatch(p, page);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  EXPECT_FALSE(registered_with_uffd(u(p + 12 * page)));
+  unmap_alone(p, 16 * page);
+}
+
+// The calls that change more than a count wait for the mutex: a mapping's first watch and its
+// last unwatch (which may let the mapping go). Also shows that the helper above can fail.
+TEST_F(Watch, FirstAndLastWatchesTakeTheLock) {
+  restart(/*idle=*/0);
+  const size_t page = page_size();
+  char *p = map_alone(16 * page);
+  EXPECT_FALSE(finishes_while_registry_locked(
+      [&] { EXPECT_EQ(consumer_->watch(u(p), page), WatchResult::Watched); }, kShortPatience));
+  EXPECT_FALSE(
+      finishes_while_registry_locked([&] { consumer_->unwatch(u(p), page); }, kShortPatience));
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  unmap_alone(p, 16 * page);
+}
+
+// An idle mapping (still registered, its piece still shown to the fast path with a count of 0)
+// that is watched again is in use again: the idle limit never lets it go while watched. A fast
+// path that revived the count itself would leave the table counting the mapping idle.
+TEST_F(Watch, AnIdleMappingWatchedAgainIsInUse) {
+  restart(/*idle=*/1);
+  const size_t page = page_size();
+  char *a = map_alone(16 * page);
+  char *b = map_alone(16 * page);
+  watch(a, page);
+  unwatch(a, page);
+  ASSERT_TRUE(registered_with_uffd(u(a)));  // idle, kept
+  const uint64_t before = testing::registrations();
+  watch(a + 3 * page, page);
+  EXPECT_EQ(testing::registrations(), before);
+  watch(b, page);
+  unwatch(b, page);  // one idle mapping (b); a is watched
+  EXPECT_TRUE(registered_with_uffd(u(a))) << "a watched mapping was let go as idle";
+  EXPECT_TRUE(registered_with_uffd(u(b)));
+  unwatch(a + 3 * page, page);  // two idle: the older (b) goes
+  EXPECT_TRUE(registered_with_uffd(u(a)));
+  EXPECT_FALSE(registered_with_uffd(u(b)));
+  unmap_alone(a, 16 * page);
+  unmap_alone(b, 16 * page);
+}
+
+// A mapping let go after its last watch (no idle mapping kept) is registered again by the next
+// watch, each time, although the fast path may still see the piece it had (same shape, count
+// 0): only the mutex holder brings such a piece back. Nothing here makes an event, so the fast
+// path is tried every time.
+TEST_F(Watch, TheLastUnwatchLetsAMappingGoAndTheNextWatchRegistersItAgain) {
+  restart(/*idle=*/0);
+  const size_t page = page_size();
+  char *p = map_alone(16 * page);
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t before = testing::registrations();
+    watch(p + 2 * page, page);
+    EXPECT_EQ(testing::registrations(), before + 1) << "round " << round;
+    watch(p + 3 * page, page);  // counted in the same piece, without the lock
+    unwatch(p + 2 * page, page);
+    EXPECT_TRUE(registered_with_uffd(u(p + 8 * page))) << "round " << round;
+    unwatch(p + 3 * page, page);
+    EXPECT_EQ(monitor_info().watched_bytes, 0u) << "round " << round;
+    EXPECT_FALSE(registered_with_uffd(u(p + 8 * page))) << "round " << round;
+  }
+  EXPECT_FALSE(madvise_is_reported(p + 8 * page));
+  unmap_alone(p, 16 * page);
 }
 
 TEST_F(Watch, AnIdleMappingStaysRegisteredUpToTheLimit) {

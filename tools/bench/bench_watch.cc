@@ -3,6 +3,9 @@
 //   BM_WatchArmed                 watch() of a page in a mapping that is already registered.
 //   BM_UnwatchArmed               unwatch() of such a page (the mapping keeps other watches).
 //   BM_WatchUnwatchArmed          the pair.
+//   BM_WatchUnwatchArmedShared    the pair, by 1 or 2 threads on pages of one armed mapping (the
+//                                 count of its piece is the only shared write): wall time per
+//                                 pair and items_per_second for all threads together.
 //   BM_WatchUnwatchLast           the pair on a mapping that nothing else watches: the unwatch
 //                                 drops the last watch of the mapping, the next watch takes the
 //                                 first again (a syscall each unless idle mappings stay
@@ -149,6 +152,33 @@ void BM_WatchUnwatchArmed(benchmark::State &state) {
   check_no_registration(state, registrations);
 }
 BENCHMARK(BM_WatchUnwatchArmed);
+
+void BM_WatchUnwatchArmedShared(benchmark::State &state) {
+  struct Shared {
+    Subscribed sub;
+    ArmedMapping mapping{sub.consumer};
+  };
+  static Shared *shared = nullptr;  // made by thread 0; the loop's start barrier publishes it
+  if (state.thread_index() == 0) shared = new Shared;
+  uint64_t i = static_cast<uint64_t>(state.thread_index()) * 128;
+  uint64_t registrations = 0;
+  for (auto _ : state) {
+    if (registrations == 0) {
+      if (!usable(state, shared->sub, shared->mapping)) break;
+      registrations = mrc::uffd::testing::registrations();
+    }
+    const uintptr_t at = shared->mapping.page(i++);
+    benchmark::DoNotOptimize(shared->sub.consumer->watch(at, kPage));
+    shared->sub.consumer->unwatch(at, kPage);
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {  // every thread has left the loop (its end barrier)
+    check_no_registration(state, registrations);
+    delete shared;
+    shared = nullptr;
+  }
+}
+BENCHMARK(BM_WatchUnwatchArmedShared)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_WatchUnwatchLast(benchmark::State &state) {
   Subscribed sub;
