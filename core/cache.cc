@@ -879,7 +879,7 @@ void Cache::reap_finished_locked() noexcept {
 }
 
 // Unwatching waits for the batch too: a watch left a little longer costs nothing (the range stays
-// registered), and the monitor's registry lock is then taken once per batch.
+// registered), and a batch's last watches of mappings take the monitor's registry lock once.
 void Cache::retire_batch_locked() noexcept {
   if (retiring_count_ == 0) return;
   uffd::Consumer::Range watched[kRetireBatch];
