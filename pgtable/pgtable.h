@@ -20,12 +20,16 @@
 //   regions - 1 nodes whatever the layout.
 // - lookup() is at most kLevels dependent loads (one per node) and a check of the region's
 //   bounds; for regions clustered in a few GiB it is 2 to 4 loads. The critical path is the
-//   loads alone: the next index is computed from the address and the expected level while a load
-//   is in flight, the next slot's address is the loaded word plus a constant (a node entry
-//   without skip is the node's address + 1), and a region entry is the region's address. The
-//   bounds check is a branch, not a data dependency, so a hit does not wait for it; checking
-//   every region (rather than tagging the partial ones) leaves no unpredictable branch on the
-//   tag. A skipped level is the predicted-not-taken case, and a hint predicts the root's level.
+//   loads alone: the root's slot is a bias (from root_ and its header, which do not wait for the
+//   address) plus the address shifted; each next index is computed from the address and the
+//   expected level while a load is in flight, the next slot's address is the loaded word plus a
+//   constant (a node entry without skip is the node's address + 1), and a region entry is the
+//   region's address. At the last inner level, where a region and a leaf are equally likely when
+//   sizes mix, the leaf's slot is read without a branch (conditional moves). The bounds check is
+//   a branch, not a data dependency, so a hit does not wait for it; it is made for regions found
+//   in slots wider than a page (a region found in a page's slot covers the page, and its line is
+//   not read). A skipped level is the predicted-not-taken case, and a hint predicts the root's
+//   level.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
@@ -61,7 +65,8 @@
 //   Linearisation: a region becomes visible slot by slot and disappears slot by slot. A lookup
 //     that starts after remove(region) returned (happens-after) never returns it; one that
 //     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
-//     region that does not contain the address (it checks the bounds of every region it finds).
+//     region that does not contain the address (it checks the bounds of every region it finds in
+//     a slot wider than a page; a page slot only ever holds a region covering that page).
 //   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
 //     it to the pool, which hands it out again only after a grace period of the EpochDomain:
 //     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
