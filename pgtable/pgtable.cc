@@ -285,20 +285,28 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
 
   // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
   // not change (the recursion below would pass through them one slot at a time).
-  SlotRef at{NodeRef{0, kLevels}, 0, kLevels, 0};
-  SlotRef above = at;  // the slot holding at.owner
+  // Scalars while descending, the SlotRefs built once below: copying those structs (partly written
+  // field by field, read back whole) stalled every step on store forwarding.
+  NodeRef owner{0, kLevels};  // the node holding the slot (ptr 0: root_)
+  NodeRef above{0, kLevels};  // the node holding owner's slot
+  unsigned index = 0, above_index = 0;
+  uintptr_t block = 0;
   uintptr_t entry = root_.load(std::memory_order_relaxed);
   while (is_node(entry)) {
     uintptr_t base;
-    const NodeRef node = place(entry, at.level, start, base);
+    const NodeRef node = place(entry, owner.slot_level(), start, base);
     const unsigned shift = node.shift();
-    const uintptr_t index = (start - base) >> shift;
+    const uintptr_t slot = (start - base) >> shift;
     // start inside the node's block, end - 1 in the same slot.
-    if (start < base || index >= node.fanout() || (end - 1 - base) >> shift != index) break;
-    above = at;
-    at = {node, static_cast<unsigned>(index), node.slot_level(), base + (index << shift)};
-    entry = node.slot(index).load(std::memory_order_relaxed);
+    if (start < base || slot >= node.fanout() || (end - 1 - base) >> shift != slot) break;
+    above = owner;
+    above_index = index;
+    owner = node;
+    index = static_cast<unsigned>(slot);
+    block = base + (slot << shift);
+    entry = node.slot(slot).load(std::memory_order_relaxed);
   }
+  const SlotRef at{owner, index, owner.slot_level(), block};
   // The usual cases, without the general recursion: an empty slot, or one holding a single region.
   if (entry == 0) {
     store(at, 0, reinterpret_cast<uintptr_t>(region));
@@ -311,7 +319,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     // A leaf more in a level-1 node.
     if (kFlats && status == MRC_OK && at.owner.is_inner() && at.owner.level == kFlatLevel &&
         at.owner.inner()->children >= kFlatFrom) {
-      flatten(above, at.owner);
+      flatten({above, above_index, above.slot_level(), 0}, at.owner);
     }
     return status;
   }

@@ -20,12 +20,16 @@
 //   regions - 1 nodes whatever the layout.
 // - lookup() is at most kLevels dependent loads (one per node) and a check of the region's
 //   bounds; for regions clustered in a few GiB it is 2 to 4 loads. The critical path is the
-//   loads alone: the next index is computed from the address and the expected level while a load
-//   is in flight, the next slot's address is the loaded word plus a constant (a node entry
-//   without skip is the node's address + 1), and a region entry is the region's address. The
-//   bounds check is a branch, not a data dependency, so a hit does not wait for it; checking
-//   every region (rather than tagging the partial ones) leaves no unpredictable branch on the
-//   tag. A skipped level is the predicted-not-taken case, and a hint predicts the root's level.
+//   loads alone: the root's slot is a bias (from root_ and its header, which do not wait for the
+//   address) plus the address shifted; each next index is computed from the address and the
+//   expected level while a load is in flight, the next slot's address is the loaded word plus a
+//   constant (a node entry without skip is the node's address + 1), and a region entry is the
+//   region's address. At the last inner level, where a region and a leaf are equally likely when
+//   sizes mix, the leaf's slot is read without a branch (conditional moves). The bounds check is
+//   a branch, not a data dependency, so a hit does not wait for it; it is made for regions found
+//   in slots wider than a page (a region found in a page's slot covers the page, and its line is
+//   not read). A skipped level is the predicted-not-taken case, and a hint predicts the root's
+//   level.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
@@ -61,7 +65,8 @@
 //   Linearisation: a region becomes visible slot by slot and disappears slot by slot. A lookup
 //     that starts after remove(region) returned (happens-after) never returns it; one that
 //     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
-//     region that does not contain the address (it checks the bounds of every region it finds).
+//     region that does not contain the address (it checks the bounds of every region it finds in
+//     a slot wider than a page; a page slot only ever holds a region covering that page).
 //   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
 //     it to the pool, which hands it out again only after a grace period of the EpochDomain:
 //     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
@@ -301,6 +306,34 @@ class RadixPageTable {
                                               : reinterpret_cast<const InnerNode *>(node)->slots;
     return slots[index];
   }
+  // The slots of any kind of node (all keep them at kSlotsOffset), through the decayed pointer:
+  // -fsanitize=bounds then does not check an index against another kind's array.
+  static const std::atomic<uintptr_t> *slots_of(uintptr_t node) {
+    return reinterpret_cast<const std::atomic<uintptr_t> *>(node + kSlotsOffset);
+  }
+  // Bounds every address passes: where a region needs no check.
+  static constexpr PgtRegion kEverywhere{0, ~uintptr_t{0}};
+  // Slot index of the node an untagged node entry (node + kNodeTag) points to.
+  [[gnu::always_inline]] static const std::atomic<uintptr_t> &linked_slot(uintptr_t link,
+                                                                          uintptr_t index) {
+    return *reinterpret_cast<const std::atomic<uintptr_t> *>(link + (kSlotsOffset - kNodeTag) +
+                                                             index * sizeof(uintptr_t));
+  }
+  // if_node when entry is a node entry, else otherwise; without a branch (a conditional move),
+  // for choices the predictor cannot learn.
+  [[gnu::always_inline]] static uintptr_t select_if_node(uintptr_t entry, uintptr_t if_node,
+                                                         uintptr_t otherwise) {
+#if defined(__x86_64__)
+    __asm__("test %[tag], %[entry]\n\tcmovnz %[if_node], %[result]"
+            : [result] "+r"(otherwise)
+            : [entry] "r"(entry), [if_node] "r"(if_node), [tag] "i"(kNodeTag)
+            : "cc");
+    return otherwise;
+#else
+    const uintptr_t mask = uintptr_t{0} - (entry & kNodeTag);
+    return (if_node & mask) | (otherwise & ~mask);
+#endif
+  }
   static uintptr_t entry_for(const PgtRegion *region, uintptr_t block, unsigned level);
   static unsigned level_for(uintptr_t lo, uintptr_t hi);
   [[nodiscard]] LeafNode *new_leaf() noexcept;
@@ -359,9 +392,12 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
   // No test of kAddressLimit: a wider address may index a slot (the top node's index wraps), but
   // never passes the bounds check of what it finds.
   uintptr_t entry = root_.load(std::memory_order_acquire);
+  // The region whose bounds the result must pass: the entry's own, unless it comes from a slot of
+  // one page (which its region covers whole).
+  uintptr_t bounds = entry;
   if ((entry & kTagMask) != 0) {
     if ((entry & kNodeTag) != 0) {
-      uintptr_t node = pointer_of(entry);
+      const uintptr_t node = pointer_of(entry);
       // A guess of the root node's level (checked against its header below) lets the first index
       // be computed while root_ and the header are still loading.
       unsigned level = root_level_.load(std::memory_order_relaxed);
@@ -375,44 +411,78 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       }
       // The root covers its block only (unless it is the top node, whose block is everything).
       if (((address ^ header) >> slot_shift(level + 1)) != 0) return nullptr;
+      // Inside that block the root's slot for address is at a fixed bias plus (address >> shift)
+      // slots: the bias comes from root_ and the header, which do not wait for the address, so
+      // the first load waits for one shift of the address only (unsigned arithmetic: the bias may
+      // wrap, the sum does not).
+      const unsigned root_shift = slot_shift(level);
+      const uintptr_t root_bias =
+          node + kSlotsOffset - ((header >> root_shift) << std::countr_zero(sizeof(uintptr_t)));
+      entry = reinterpret_cast<const std::atomic<uintptr_t> *>(root_bias + (address >> root_shift) *
+                                                                               sizeof(uintptr_t))
+                  ->load(std::memory_order_acquire);
+      // Then down: entry was read from a slot at `level`. A node entry without skipped levels is
+      // its node + kNodeTag, and the node's slots are at a constant offset from it: each load's
+      // address is the word loaded before, a constant and an index computed from the address
+      // alone (one instruction).
       for (;;) {
-        const uintptr_t index = (address >> slot_shift(level)) & (fanout(level) - 1);
-        entry = slot_at(node, level, index).load(std::memory_order_acquire);
-        if ((entry & kNodeTag) == 0) break;  // leaves hold no node: at most kLevels iterations
+        if (level == 1) {
+          // The last inner level, where the walk ends at a region (or 0) or goes down to a leaf:
+          // a coin toss for the branch predictor where small and large regions mix. The leaf's
+          // slot is read without a branch: from the leaf when entry is one, else from any
+          // readable word (root_, its value unused), and the result is selected. The choice is
+          // made on the base of the load, so its address is still one instruction.
+          const uintptr_t leaf_index = (address >> kPageShift) & (kLeafFanout - 1);
+          const uintptr_t elsewhere = reinterpret_cast<uintptr_t>(&root_) -
+                                      (kSlotsOffset - kNodeTag) - leaf_index * sizeof(uintptr_t);
+          const uintptr_t below = linked_slot(select_if_node(entry, entry, elsewhere), leaf_index)
+                                      .load(std::memory_order_acquire);
+          // A page slot's region covers the page: its bounds are checked against kEverywhere
+          // instead (a cache line already here rather than the region's).
+          bounds = select_if_node(entry, reinterpret_cast<uintptr_t>(&kEverywhere), entry);
+          entry = select_if_node(entry, below, entry);
+          break;
+        }
+        if ((entry & kNodeTag) == 0 || level == 0) {  // a region, 0 or a flat node
+          bounds = entry;
+          break;
+        }
+        uintptr_t link = entry;
         if (__builtin_expect((entry & kSkipTag) == 0, 1)) {
-          // The usual case, taken as predicted: the next slot's address is the loaded word plus a
-          // constant and an index computed from the address alone, so the next load issues at
-          // once.
-          node = entry - kNodeTag;
-          --level;
+          --level;  // the usual case, taken as predicted
         } else {
           // A path-compressed child covers only part of the slot: its level and prefix are in its
           // header.
-          node = entry - kTagMask;
-          const uintptr_t child_header = header_of(node);
+          const uintptr_t child = entry - kTagMask;
+          const uintptr_t child_header = header_of(child);
           level = level_in(child_header);
           if (((address ^ child_header) >> slot_shift(level + 1)) != 0) return nullptr;
+          link = child + kNodeTag;
         }
+        entry = linked_slot(link, (address >> slot_shift(level)) & (fanout(level) - 1))
+                    .load(std::memory_order_acquire);
       }
     }
     if constexpr (kFlats) {
       // A flat node ends the descent (the branch follows the table's shape, so it predicts well):
       // the page's slot is at a constant offset from the loaded word and an index from the
       // address. The prefix check loads the header, but is a branch off the path to the slot.
-      if ((entry & kFlatTag) != 0) {
+      if ((entry & kTagMask) == kFlatTag) {
         const uintptr_t flat = entry - kFlatTag;
         if (((address ^ header_of(flat)) >> slot_shift(kFlatLevel + 1)) != 0) return nullptr;
-        entry = reinterpret_cast<const FlatNode *>(flat)
-                    ->slots[(address >> kPageShift) & (kFlatFanout - 1)]
-                    .load(std::memory_order_acquire);
+        entry = slots_of(flat)[(address >> kPageShift) & (kFlatFanout - 1)].load(
+            std::memory_order_acquire);
+        return region_of(entry);  // a page slot: its region (or 0) covers the page
       }
     }
   }
   if (entry == 0) return nullptr;
-  PgtRegion *region = region_of(entry);
   // A branch, predicted taken on a hit: the caller's use of the region does not wait for it.
-  if (__builtin_expect(address - region->start >= region->end - region->start, 0)) return nullptr;
-  return region;
+  const PgtRegion *checked = region_of(bounds);
+  if (__builtin_expect(address - checked->start >= checked->end - checked->start, 0)) {
+    return nullptr;
+  }
+  return region_of(entry);
 }
 
 template <unsigned kInnerBits, unsigned kLeafBits>

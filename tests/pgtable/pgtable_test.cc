@@ -91,6 +91,33 @@ TYPED_TEST(PgtableTest, AdjacentRegionsSplitExactlyAtTheBoundary) {
   EXPECT_TRUE(this->table_.check_invariants());
 }
 
+// The last inner level, which lookup() reads without a branch on what a slot holds: a region
+// covering part of its slot (its bounds must still be checked), a region covering slots whole, a
+// leaf with a gap between two regions, empty slots, and a region across two slots. Every page's
+// first and last byte against a model.
+TYPED_TEST(PgtableTest, EveryPageBelowALastLevelNodeWithRegionsLeavesAndGaps) {
+  const uintptr_t slot = TypeParam::block_size(1);  // one slot of a level-1 node
+  const uintptr_t base = 0x7f0000000000;            // aligned to a level-1 node's block
+  std::vector<PgtRegion *> regions = {
+      this->add(base + kPage, base + 3 * kPage),                            // part of slot 0
+      this->add(base + slot, base + 3 * slot),                              // slots 1 and 2 whole
+      this->add(base + 3 * slot, base + 3 * slot + kPage),                  // slot 3: a leaf,
+      this->add(base + 3 * slot + 2 * kPage, base + 3 * slot + 3 * kPage),  // with a gap
+      this->add(base + 6 * slot - kPage, base + 6 * slot + 2 * kPage),      // slots 5 and 6, part
+  };
+  ASSERT_TRUE(this->table_.check_invariants());
+  auto model = [&](uintptr_t address) -> PgtRegion * {
+    for (PgtRegion *region : regions) {
+      if (address >= region->start && address < region->end) return region;
+    }
+    return nullptr;
+  };
+  for (uintptr_t page = base - kPage; page < base + 8 * slot; page += kPage) {
+    EXPECT_EQ(this->table_.lookup(page), model(page)) << std::hex << page;
+    EXPECT_EQ(this->table_.lookup(page + kPage - 1), model(page + kPage - 1)) << std::hex << page;
+  }
+}
+
 TYPED_TEST(PgtableTest, InvalidRegionsAreRejectedAndChangeNothing) {
   PgtRegion *existing = this->add(0x200000, 0x400000);
   const size_t bytes = this->table_.memory_bytes();
