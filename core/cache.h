@@ -9,13 +9,14 @@
 // - Fast path (get_fast, any thread, no lock): consumer_->quiescent() (acquire: pairs with the
 //   monitor's release of `pending` and with this cache's release of its cursor in drain) →
 //   EpochGuard → page-table lookup (acquire loads of child pointers, pairs with the writer's
-//   release stores) → Region::try_acquire (one fetch_add; a count marked kDead is never used)
-//   → flags check (an invalid region is put back and the slow path runs) → CLOCK bit (a
-//   relaxed store, only when it was clear).
+//   release stores) → the reference: taken back from this thread's parking line when the region
+//   is kParkable and parked there (no locked instruction), else Region::try_acquire (one
+//   fetch_add; a count marked kDead is never used) → flags check (an invalid region is put back
+//   and the slow path runs) → CLOCK bit (a relaxed store, only when it was clear).
 //   Because the cursor is released only after the removals of a batch are applied, a thread
 //   that sees the queue drained also sees those regions gone.
 // - The last put finishes a region without any lock (deregistration, callbacks) and pushes it
-//   on finished_ (lock-free stack); the next holder of mutex_ unlinks it from the live list and
+//   on finished_ (lock-free stack); a later holder of mutex_ unlinks it from the live list and
 //   retires it, unwatching its range and handing it to the epoch domain in batches. Region memory
 //   is recycled (pool) or freed only through the epoch domain, so a fast-path reader holding a
 //   stale pointer never touches reused memory.
