@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -126,69 +127,39 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
   for (Slot &slot : g_slots) slot.base = nullptr;
 }
 
-TEST(CacheConcurrency, ConcurrentInvalidateAndPut) {
+// Four threads get, sometimes invalidate, and put pages of one mapping, `pages` pages `stride`
+// apart (a stride of 1 makes neighbours merge), staying on a page for `dwell` gets (long enough
+// to park its reference, see core/cache.h); each invalidates every `every`-th region it gets.
+// Every get is checked against the backend's live registrations. Before destroy, with no
+// reference held by anyone, every invalidated registration must have ended and its done run
+// exactly once: parked references of invalidated regions are taken back at once.
+struct InvalidatingRun {
+  int pages, stride, dwell, every;
+};
+
+void run_invalidating_workers(const InvalidatingRun &run) {
   CountingBackend backend;
   mrc_cache_params_t params = backend.params("invalidate");
   mrc_cache_t *cache = nullptr;
   ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  const size_t length = static_cast<size_t>(run.pages * run.stride) * kPage;
   char *p = static_cast<char *>(
-      mmap(nullptr, 16 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  std::atomic<int> done{0}, invalidated{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < 2000; ++i) {
-        mrc_region_t *region = nullptr;
-        ASSERT_EQ(mrc_get(cache, p + ((i + t) % 16) * kPage, kPage, MRC_PROT_READ, &region),
-                  MRC_OK);
-        if (i % 7 == 0) {
-          ASSERT_EQ(
-              mrc_invalidate(
-                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
-              MRC_OK);
-          ++invalidated;
-        }
-        mrc_put(cache, region);
-      }
-    });
-  }
-  for (auto &t : threads) t.join();
-  mrc_cache_destroy(cache);
-  EXPECT_EQ(backend.live_count(), 0u);
-  EXPECT_EQ(done.load(), invalidated.load()) << "each done callback runs exactly once";
-  munmap(p, 16 * kPage);
-}
-
-// Hot regions are parked in several threads' lines while the same threads invalidate them: a get
-// never returns a registration that already ended, and once no thread holds anything every
-// invalidated registration has ended and its done has run, exactly once (parked references of
-// invalidated regions are taken back at invalidation, not at some later point).
-TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
-  mrc_monitor_info_t info;
-  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
-  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
-  CountingBackend backend;
-  mrc_cache_params_t params = backend.params("parked");
-  mrc_cache_t *cache = nullptr;
-  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  constexpr size_t kRegions = 8;
-  char *p = static_cast<char *>(mmap(nullptr, 2 * kRegions * kPage, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(p, MAP_FAILED);
   std::atomic<int> done{0}, invalidated{0}, ended_in_use{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 20000; ++i) {
-        // A page apart (no merging); each thread stays on a region long enough to park it.
-        char *address = p + 2 * kPage * ((i / 64 + t) % kRegions);
+        char *address =
+            p + static_cast<size_t>(run.stride * ((i / run.dwell + t) % run.pages)) * kPage;
         mrc_region_t *region = nullptr;
         ASSERT_EQ(mrc_get(cache, address, kPage, MRC_PROT_READ, &region), MRC_OK);
         {
           std::lock_guard lock(backend.mutex);
           if (backend.live.count(mrc::test::registration_of(region)->serial) == 0) ++ended_in_use;
         }
-        if (i % 97 == t) {
+        if (i % run.every == t) {
           ASSERT_EQ(
               mrc_invalidate(
                   cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
@@ -208,7 +179,18 @@ TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
   EXPECT_EQ(backend.live_count(), s.regions) << "only cached regions are still registered";
   mrc_cache_destroy(cache);
   EXPECT_EQ(backend.live_count(), 0u);
-  munmap(p, 2 * kRegions * kPage);
+  munmap(p, length);
+}
+
+TEST(CacheConcurrency, ConcurrentInvalidateAndPutOfMergingNeighbours) {
+  run_invalidating_workers({/*pages=*/16, /*stride=*/1, /*dwell=*/1, /*every=*/7});
+}
+
+TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  run_invalidating_workers({/*pages=*/8, /*stride=*/2, /*dwell=*/64, /*every=*/97});
 }
 
 }  // namespace
