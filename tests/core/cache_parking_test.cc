@@ -14,25 +14,17 @@
 #include <thread>
 #include <vector>
 
+#include "cache_fixture.h"
 #include "core/cache.h"
 #include "mrcache/mrcache.h"
-#include "test_backend.h"
 
 namespace {
 
-using mrc::test::CountingBackend;
+using mrc::test::kPage;
+using mrc::test::map_pages;
 
-const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 // Enough hits to earn kParkable (Cache::kPromoteAfter is 8) with room to spare.
 constexpr int kHotHits = 32;
-
-char *map_pages(size_t pages) {
-  void *p =
-      mmap(nullptr, pages * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  std::memset(p, 0x5a, pages * kPage);
-  return static_cast<char *>(p);
-}
 
 mrc::Region *as_region(mrc_region_t *region) { return static_cast<mrc::Region *>(region); }
 
@@ -83,24 +75,13 @@ class HotThread {
   std::thread thread_;
 };
 
-class CacheParking : public ::testing::Test {
+class CacheParking : public mrc::test::CacheFixture {
  protected:
   void SetUp() override {
-    mrc_monitor_info_t info;
-    ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
-    if (info.mode == MRC_MONITOR_UNCACHED) {
+    if (!mrc::test::monitor_caches()) {
       GTEST_SKIP() << "userfaultfd is unavailable here: nothing is cached, nothing parks";
     }
     ASSERT_EQ(create(backend.params("parking")), MRC_OK);
-  }
-  void TearDown() override {
-    if (cache != nullptr) mrc_cache_destroy(cache);
-    EXPECT_EQ(backend.live_count(), 0u) << "registrations leaked past destroy";
-  }
-  mrc_status_t create(mrc_cache_params_t params) {
-    if (cache != nullptr) mrc_cache_destroy(cache);
-    cache = nullptr;
-    return mrc_cache_create(&params, &cache);
   }
   // Gets and puts address kHotHits times; returns the region (not held).
   mrc_region_t *heat(char *address) {
@@ -111,9 +92,6 @@ class CacheParking : public ::testing::Test {
     }
     return region;
   }
-
-  CountingBackend backend;
-  mrc_cache_t *cache = nullptr;
 };
 
 TEST_F(CacheParking, AHotRegionsPutParksItsReference) {
@@ -188,8 +166,7 @@ TEST_F(CacheParking, EvictionTakesParkedReferencesBackFromRegionsNoOneUses) {
     maps.push_back(map_pages(2));
     heat(maps.back());
   }
-  mrc_stats_t s{};
-  ASSERT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
+  const mrc_stats_t s = stats();
   EXPECT_LE(s.regions, 2u);
   EXPECT_GE(s.evictions, 3u);
   EXPECT_EQ(backend.live_count(), s.regions) << "evicted regions were deregistered";

@@ -12,47 +12,21 @@
 #include <thread>
 #include <vector>
 
+#include "cache_fixture.h"
 #include "mrcache/mrcache.h"
 #include "mrcache/mrcache.hpp"
-#include "test_backend.h"
 #include "uffd/uffd.h"
 
 namespace {
 
 using mrc::test::CountingBackend;
+using mrc::test::kPage;
+using mrc::test::map_pages;
+using mrc::test::monitor_caches;
 
-const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-
-char *map_pages(size_t pages, int prot = PROT_READ | PROT_WRITE, void *at = nullptr) {
-  void *p =
-      mmap(at, pages * kPage, prot, MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  if (prot & PROT_WRITE) memset(p, 0x5a, pages * kPage);  // present pages
-  return static_cast<char *>(p);
-}
-
-bool monitor_caches() {
-  mrc_monitor_info_t info;
-  return mrc_monitor_info(&info) == MRC_OK && info.mode != MRC_MONITOR_UNCACHED;
-}
-
-class CacheTest : public ::testing::Test {
+class CacheTest : public mrc::test::CacheFixture {
  protected:
   void SetUp() override { ASSERT_EQ(create(backend.params()), MRC_OK); }
-  void TearDown() override {
-    if (cache != nullptr) mrc_cache_destroy(cache);
-    EXPECT_EQ(backend.live_count(), 0u) << "registrations leaked past destroy";
-  }
-  mrc_status_t create(mrc_cache_params_t params) {
-    if (cache != nullptr) mrc_cache_destroy(cache);
-    cache = nullptr;
-    return mrc_cache_create(&params, &cache);
-  }
-  mrc_stats_t stats() {
-    mrc_stats_t s{};
-    EXPECT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
-    return s;
-  }
   uint64_t key_of(void *addr, size_t len, unsigned prot = MRC_PROT_READ | MRC_PROT_WRITE) {
     mrc_region_t *region = nullptr;
     EXPECT_EQ(mrc_get(cache, addr, len, prot, &region), MRC_OK);
@@ -65,9 +39,6 @@ class CacheTest : public ::testing::Test {
     if (!monitor_caches())
       GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
   }
-
-  CountingBackend backend;
-  mrc_cache_t *cache = nullptr;
 };
 
 TEST_F(CacheTest, GetCoversTheRequestAndHoldsAReference) {
