@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "core/config.h"
 #include "core/log.h"
@@ -252,7 +253,9 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
       return false;
     }
-    if (line != nullptr && (region->flags.load(std::memory_order_relaxed) & Region::kParkable)) {
+    const uint32_t seen = region->flags.load(std::memory_order_relaxed);
+    if (line != nullptr && (seen & Region::kParkable) != 0 &&
+        Region::owner_of(seen) == thread.index) {
       for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
         if (line->parked[i].load(std::memory_order_relaxed) == region) {
           line->parked[i].store(nullptr, std::memory_order_relaxed);
@@ -293,13 +296,16 @@ void Cache::count_streak(ParkingLine &line, Region *region) noexcept {
   }
 }
 
-// The caller holds a reference, so the region is alive; it must still be cached.
+// The caller holds a reference, so the region is alive; it must still be cached. The caller's
+// slot is exclusive (it has a line).
 void Cache::promote(Region *region) noexcept {
+  const uint32_t owner = this_thread_slot().index << Region::kOwnerShift;
   std::lock_guard lock(mutex_);
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed | Region::kParkable)) ==
       Region::kInTable) {
-    region->change_flags(Region::kParkable);
+    MRC_DASSERT((flags & Region::kOwnerMask) == 0);  // cleared with kParkable
+    region->change_flags(Region::kParkable | owner);
   }
 }
 
@@ -310,17 +316,21 @@ void Cache::put(Region *region) noexcept {
   }
   hot_.add(Counter::Puts);
   const ThreadSlot &thread = this_thread_slot();
-  if (thread.exclusive && park(parking_[thread.index], region)) return;
+  if (thread.exclusive && park(thread.index, region)) return;
   release(region);
 }
 
-bool Cache::park(ParkingLine &line, Region *region) noexcept {
+bool Cache::park(unsigned owner, Region *region) noexcept {
+  auto mine = [owner](uint32_t flags) {
+    return (flags & Region::kParkable) != 0 && Region::owner_of(flags) == owner;
+  };
   // A hint outside the guard (most puts are of regions never promoted); decided inside it.
-  if ((region->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+  if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
+  ParkingLine &line = parking_[owner];
   Region *replaced = nullptr;
   {
     EpochGuard guard;
-    if ((region->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+    if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
     for (std::atomic<Region *> &slot : line.parked) {
       if (slot.load(std::memory_order_relaxed) == nullptr) {
         slot.store(region, std::memory_order_release);
@@ -448,8 +458,8 @@ void Cache::remove_locked(Region *region) noexcept {
   --table_entries_;
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   const bool registered = (flags & Region::kRegistered) != 0;
-  region->change_flags(Region::kInvalid, Region::kInTable | Region::kParkable);
-  if ((flags & Region::kParkable) != 0) parked_cleared_ = true;
+  if ((flags & Region::kParkable) != 0) unpark_locked(region);
+  region->change_flags(Region::kInvalid, Region::kInTable);
   lru_remove_locked(region);
   if (registered) {
     --cached_regions_;
@@ -789,20 +799,42 @@ Region *Cache::take_deferred_locked() noexcept {
   return deferred;
 }
 
+void Cache::unpark_locked(Region *region) noexcept {
+  const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+  const unsigned owner = Region::owner_of(flags);
+  region->change_flags(0, Region::kParkable | Region::kOwnerMask);
+  const ThreadSlot &thread = this_thread_slot();
+  if (!thread.exclusive || thread.index != owner) {
+    lines_to_reclaim_[owner / 64] |= uint64_t{1} << (owner % 64);
+    return;
+  }
+  // Our own line: only this thread stores to it, and no other thread takes from it without
+  // mutex_, which we hold.
+  for (std::atomic<Region *> &slot : parking_[owner].parked) {
+    if (slot.load(std::memory_order_relaxed) != region) continue;
+    slot.store(nullptr, std::memory_order_relaxed);
+    if (region->drop_reference()) defer_locked(region);
+  }
+}
+
 void Cache::reclaim_parked_locked() noexcept {
-  if (!parked_cleared_) return;
-  parked_cleared_ = false;
+  bool marked = false;
+  for (uint64_t word : lines_to_reclaim_) marked = marked || word != 0;
+  if (!marked) return;
   epoch_domain().wait_for_readers();
-  for (ParkingLine &line : parking_) {
-    for (std::atomic<Region *> &slot : line.parked) {
-      // A parked region is this cache's and referenced: alive. A region whose flag is clear can
-      // no longer be taken back or parked by its owner (the wait above), only by this CAS.
-      Region *region = slot.load(std::memory_order_acquire);
-      if (region == nullptr || region->has(Region::kParkable)) continue;
-      if (slot.compare_exchange_strong(region, nullptr, std::memory_order_acq_rel,
-                                       std::memory_order_relaxed) &&
-          region->drop_reference()) {
-        defer_locked(region);
+  for (size_t word = 0; word < kLines / 64; ++word) {
+    for (uint64_t bits = std::exchange(lines_to_reclaim_[word], 0); bits != 0; bits &= bits - 1) {
+      for (std::atomic<Region *> &slot :
+           parking_[word * 64 + static_cast<size_t>(std::countr_zero(bits))].parked) {
+        // A parked region is this cache's and referenced: alive. One whose flag is clear can no
+        // longer be taken back or parked by its owner (the wait above), only by this CAS.
+        Region *region = slot.load(std::memory_order_acquire);
+        if (region == nullptr || region->has(Region::kParkable)) continue;
+        if (slot.compare_exchange_strong(region, nullptr, std::memory_order_acq_rel,
+                                         std::memory_order_relaxed) &&
+            region->drop_reference()) {
+          defer_locked(region);
+        }
       }
     }
   }
@@ -814,14 +846,11 @@ bool Cache::unpark_all_locked() noexcept {
   for (size_t budget = table_entries_; region != nullptr && budget-- != 0;
        region = region->lru_next) {
     if (region->has(Region::kParkable)) {
-      region->change_flags(0, Region::kParkable);
+      unpark_locked(region);
       any = true;
     }
   }
-  if (any) {
-    parked_cleared_ = true;
-    reclaim_parked_locked();
-  }
+  reclaim_parked_locked();
   return any;
 }
 

@@ -29,20 +29,23 @@
 //   (closing it costs a syscall per get: more than a whole miss); DESIGN.md's invariant holds
 //   because the unmapping thread returns only after the monitor read the event, and a get
 //   ordered after that return sees the record published or `pending` raised.
-// - Parked references (the hit path without a locked instruction). A thread's put of a region
-//   marked kParkable keeps the reference in the thread's ParkingLine instead of decrementing the
-//   count; its next get of that region takes the reference back. Both are plain stores to the
-//   thread's own line, inside an EpochGuard, after reading kParkable (relaxed) in that guard.
-//   kParkable is set and cleared only under mutex_: set once a thread hit the region
-//   kPromoteAfter times in a row, cleared when the region leaves the table (or all of them,
-//   when eviction finds parked regions in its way). Whoever clears it then calls
-//   reclaim_parked_locked() before releasing mutex_: EpochDomain::wait_for_readers() (every
-//   guard that could have read kParkable set has ended; every later one reads it clear), then
-//   a CAS takes each parked reference of a region without kParkable out of every line and drops
-//   it. So after that call no line holds such a region, and none can until it is promoted again.
-//   A parked reference is a real one: the region stays alive, and counts as in use, until it is
-//   taken back or reclaimed. Lines are indexed by the thread's exclusive counter slot (threads
-//   sharing slots do not park); a slot's next thread inherits what its last one parked.
+// - Parked references (the hit path without a locked instruction). A region marked kParkable has
+//   one owner, a thread slot, in the same flags word (so one load reads both). The owner's put
+//   keeps the reference in its ParkingLine instead of decrementing the count; its next get of
+//   the region takes it back. Both are plain stores to the owner's own line, inside an
+//   EpochGuard, after reading kParkable and the owner (relaxed) in that guard; other threads use
+//   the count. kParkable is set and cleared only under mutex_: set, with the owner, once a thread
+//   hit the region kPromoteAfter times in a row; cleared when the region leaves the table (or
+//   for all of them, when eviction finds parked regions in its way). Whoever clears it takes the
+//   parked references back before releasing mutex_ (unpark_locked): from its own line directly
+//   when it is the owner (nothing else writes that line); else it marks the owner's line, and
+//   reclaim_parked_locked() runs EpochDomain::wait_for_readers() (every guard that could have
+//   read kParkable set has ended; every later one reads it clear), then a CAS takes each parked
+//   reference of a region without kParkable out of the marked lines and drops it. So after that
+//   no line holds such a region, and none can until it is promoted again. A parked reference is
+//   a real one: the region stays alive, and counts as in use, until taken back or reclaimed.
+//   Lines are indexed by the thread's exclusive counter slot (threads sharing slots do not park);
+//   a slot's next thread inherits its line, and with it the ownership of what is parked there.
 // - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
 //   shards (core/counters.h), the rest are plain integers under mutex_.
 #pragma once
@@ -81,8 +84,14 @@ struct Region : PgtRegion, mrc_region {
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
     kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
                             // an uncached region waiting on garbage_)
-    kParkable = 1U << 8,    // in the table, and puts may park their reference (SYNCHRONIZATION)
+    kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
   };
+  // The owner of a kParkable region: a thread slot index, in the flags word above its bits.
+  static constexpr unsigned kOwnerShift = 16;
+  static constexpr uint32_t kOwnerMask = 0xffU << kOwnerShift;
+  static constexpr unsigned owner_of(uint32_t flags) noexcept {
+    return (flags & kOwnerMask) >> kOwnerShift;
+  }
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
   // whose release found the count at zero; a region whose count has kDead is never acquired.
@@ -173,7 +182,7 @@ class Cache {
 
   bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
   // Parks the caller's reference to region in line; false when the caller must release it.
-  bool park(ParkingLine &line, Region *region) noexcept;
+  bool park(unsigned owner, Region *region) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   void promote(Region *region) noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
@@ -191,8 +200,10 @@ class Cache {
   void lru_remove_locked(Region *region) noexcept;
 
   void purge_locked(bool deregister) noexcept;
-  // Returns to their regions the parked references of every region whose kParkable was cleared
-  // (see SYNCHRONIZATION); the regions whose count then ends go on deferred_.
+  // Clears kParkable and takes back region's parked references: at once from the caller's own
+  // line, else later by reclaim_parked_locked() from the owner's (see SYNCHRONIZATION). Regions
+  // whose count then ends go on deferred_.
+  void unpark_locked(Region *region) noexcept;
   void reclaim_parked_locked() noexcept;
   // Clears kParkable on every cached region and reclaims what was parked (eviction needs the
   // regions no one really uses). Returns whether anything was parked.
@@ -253,8 +264,10 @@ class Cache {
   // A region earns kParkable after this many consecutive fast-path hits by one thread: the
   // reclaim at its removal costs a membarrier, which a region used once should not pay.
   static constexpr uint32_t kPromoteAfter = 8;
-  bool parked_cleared_ = false;  // mutex_: kParkable was cleared since the last reclaim
-  ParkingLine parking_[ShardedCounters::kSlots];
+  static constexpr size_t kLines = ShardedCounters::kSlots;
+  static_assert(kLines <= (Region::kOwnerMask >> Region::kOwnerShift) + 1);
+  uint64_t lines_to_reclaim_[kLines / 64] = {};  // mutex_: owners' lines marked by unpark_locked
+  ParkingLine parking_[kLines];
 
   ShardedCounters hot_;
   // Slow-path statistics, mutex_. Totals that also fall outside the lock are a mutex_ sum here

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "cache_fixture.h"
 #include "core/cache.h"
 #include "mrcache/mrcache.h"
+#include "pgtable/epoch.h"
 
 namespace {
 
@@ -189,6 +192,96 @@ TEST_F(CacheParking, AFullLineReleasesTheReferenceItReplaces) {
   }
   EXPECT_EQ(parked, mrc::ParkingLine::kSlots);
   for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+// Holds a guard of the process's epoch domain (the one the cache's readers use) until released:
+// whatever waits for readers waits for it.
+class ReaderInside {
+ public:
+  ReaderInside() {
+    thread_ = std::thread([this] {
+      mrc::EpochGuard guard;
+      inside_ = true;
+      while (!release_) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    });
+    while (!inside_) std::this_thread::yield();
+  }
+  ~ReaderInside() { release(); }
+  void release() {
+    release_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> inside_{false}, release_{false};
+  std::thread thread_;
+};
+
+// Runs fn on a thread; true when it returned within `wait`.
+template <class Fn>
+bool finishes_within(std::chrono::milliseconds wait, std::thread &runner, Fn fn) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  runner = std::thread([fn, done] {
+    fn();
+    *done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!*done && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return *done;
+}
+
+TEST_F(CacheParking, OnlyTheOwnerParks) {
+  char *p = map_pages(1);
+  mrc_region_t *region = heat(p);  // this thread owns it
+  ASSERT_EQ(references(region), 2u);
+  std::thread other([&] { heat(p); });
+  other.join();
+  EXPECT_EQ(references(region), 2u) << "another thread's puts went to the count";
+  munmap(p, kPage);
+}
+
+// The owner takes its own parked references back: no wait for readers (a reader stuck inside a
+// guard elsewhere does not hold it up).
+TEST_F(CacheParking, TheOwnersInvalidationDoesNotWaitForReaders) {
+  char *p = map_pages(1);
+  ReaderInside reader;
+  std::atomic<int> done{0};
+  std::thread runner;
+  const bool finished = finishes_within(std::chrono::seconds(10), runner, [&] {
+    mrc_region_t *region = heat(p);  // parked in the runner's line: the runner owns it
+    EXPECT_EQ(mrc_invalidate(
+                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
+              MRC_OK);
+  });
+  EXPECT_TRUE(finished) << "the owner waited for a reader";
+  reader.release();  // lets a regressed runner finish
+  runner.join();
+  EXPECT_EQ(done.load(), 1);
+  munmap(p, kPage);
+}
+
+// Any other thread must wait until no reader can still be taking the reference back.
+TEST_F(CacheParking, AnotherThreadsInvalidationWaitsForReaders) {
+  char *p = map_pages(1);
+  HotThread owner(cache, p, /*stay=*/true);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(cache, region);  // not ours to park: back to the count
+  std::atomic<int> done{0};
+  ReaderInside reader;
+  std::thread runner;
+  EXPECT_FALSE(finishes_within(std::chrono::milliseconds(100), runner, [&] {
+    EXPECT_EQ(mrc_invalidate(
+                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
+              MRC_OK);
+  })) << "reclaimed a parked reference while a reader could still take it back";
+  reader.release();
+  runner.join();
+  EXPECT_EQ(done.load(), 1);
+  owner.join();
+  munmap(p, kPage);
 }
 
 // Parked references are the cache's, not the application's: destroy takes them back instead of

@@ -116,6 +116,27 @@ void BM_CacheMissWatched(benchmark::State &state) {
 }
 BENCHMARK(BM_CacheMissWatched);
 
+// The life of a hot region: a miss, kHotHits hits (enough for our cache to park the reference),
+// then invalidate while held and the last put. Ours pays for its lock-free hits here: the
+// invalidation of a region whose references were parked waits for the readers (membarrier).
+constexpr int kHotHits = 16;
+void BM_CacheHotRegionLife(benchmark::State &state) {
+  Ours &o = ours();
+  char *address = o.region(kHitRegions - 2);
+  for (auto _ : state) {
+    mrc_region_t *region = nullptr;
+    for (int i = 0; i < kHotHits; ++i) {
+      mrc_get(o.cache, address, kPage, MRC_PROT_READ, &region);
+      mrc_put(o.cache, region);
+    }
+    mrc_get(o.cache, address, kPage, MRC_PROT_READ, &region);
+    mrc_invalidate(o.cache, region, nullptr, nullptr);
+    mrc_put(o.cache, region);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_CacheHotRegionLife);
+
 // Miss on the first touch of a new mapping: the watch itself is part of the cost.
 void BM_CacheMissNewMapping(benchmark::State &state) {
   Ours &o = ours();
@@ -220,6 +241,24 @@ void BM_UcxRcacheMissWatched(benchmark::State &state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_UcxRcacheMissWatched);
+
+void BM_UcxRcacheHotRegionLife(benchmark::State &state) {
+  Ucx &u = ucx();
+  char *address = u.region(kHitRegions - 2);
+  for (auto _ : state) {
+    ucs_rcache_region_t *region = nullptr;
+    for (int i = 0; i < kHotHits; ++i) {
+      ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region);
+      ucs_rcache_region_put(u.rcache, region);
+    }
+    ucs_rcache_get(u.rcache, address, kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_region_invalidate(
+        u.rcache, region, [](void *) {}, nullptr);
+    ucs_rcache_region_put(u.rcache, region);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_UcxRcacheHotRegionLife);
 
 void BM_UcxRcacheMissNewMapping(benchmark::State &state) {
   Ucx &u = ucx();
