@@ -253,9 +253,8 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
       return false;
     }
-    const uint32_t seen = region->flags.load(std::memory_order_relaxed);
-    if (line != nullptr && (seen & Region::kParkable) != 0 &&
-        Region::owner_of(seen) == thread.index) {
+    if (line != nullptr &&
+        Region::parks_for(region->flags.load(std::memory_order_relaxed), thread.index)) {
       for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
         if (line->parked[i].load(std::memory_order_relaxed) == region) {
           line->parked[i].store(nullptr, std::memory_order_relaxed);
@@ -279,7 +278,7 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     release(region);
     return false;
   }
-  if (!taken_back && line != nullptr && (flags & Region::kParkable) == 0) {
+  if (!taken_back && line != nullptr && !Region::parks_for(flags, thread.index)) {
     count_streak(*line, region);
   }
   *out = region;
@@ -297,15 +296,17 @@ void Cache::count_streak(ParkingLine &line, Region *region) noexcept {
 }
 
 // The caller holds a reference, so the region is alive; it must still be cached. The caller's
-// slot is exclusive (it has a line).
+// slot is exclusive (it has a line). A second thread's promotion makes every thread an owner.
 void Cache::promote(Region *region) noexcept {
-  const uint32_t owner = this_thread_slot().index << Region::kOwnerShift;
+  const unsigned me = this_thread_slot().index;
   std::lock_guard lock(mutex_);
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
-  if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed | Region::kParkable)) ==
-      Region::kInTable) {
+  if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed)) != Region::kInTable) return;
+  if ((flags & Region::kParkable) == 0) {
     MRC_DASSERT((flags & Region::kOwnerMask) == 0);  // cleared with kParkable
-    region->change_flags(Region::kParkable | owner);
+    region->change_flags(Region::kParkable | (me << Region::kOwnerShift));
+  } else if (!Region::parks_for(flags, me)) {
+    region->change_flags(Region::kOwnerMask);  // all ones: kAnyOwner
   }
 }
 
@@ -321,9 +322,7 @@ void Cache::put(Region *region) noexcept {
 }
 
 bool Cache::park(unsigned owner, Region *region) noexcept {
-  auto mine = [owner](uint32_t flags) {
-    return (flags & Region::kParkable) != 0 && Region::owner_of(flags) == owner;
-  };
+  auto mine = [owner](uint32_t flags) { return Region::parks_for(flags, owner); };
   // A hint outside the guard (most puts are of regions never promoted); decided inside it.
   if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
   ParkingLine &line = parking_[owner];
@@ -804,6 +803,10 @@ void Cache::unpark_locked(Region *region) noexcept {
   const unsigned owner = Region::owner_of(flags);
   region->change_flags(0, Region::kParkable | Region::kOwnerMask);
   const ThreadSlot &thread = this_thread_slot();
+  if (owner == Region::kAnyOwner) {
+    for (uint64_t &word : lines_to_reclaim_) word = ~uint64_t{0};
+    return;
+  }
   if (!thread.exclusive || thread.index != owner) {
     lines_to_reclaim_[owner / 64] |= uint64_t{1} << (owner % 64);
     return;

@@ -34,11 +34,13 @@
 //   keeps the reference in its ParkingLine instead of decrementing the count; its next get of
 //   the region takes it back. Both are plain stores to the owner's own line, inside an
 //   EpochGuard, after reading kParkable and the owner (relaxed) in that guard; other threads use
-//   the count. kParkable is set and cleared only under mutex_: set, with the owner, once a thread
-//   hit the region kPromoteAfter times in a row; cleared when the region leaves the table (or
-//   for all of them, when eviction finds parked regions in its way). Whoever clears it takes the
-//   parked references back before releasing mutex_ (unpark_locked): from its own line directly
-//   when it is the owner (nothing else writes that line); else it marks the owner's line, and
+//   the count. kParkable and the owner are set and cleared only under mutex_: set, with the
+//   owner, once a thread hit the region kPromoteAfter times in a row; the owner becomes
+//   kAnyOwner (every thread parks) when a second thread does; cleared when the region leaves the
+//   table (or for all of them, when eviction finds parked regions in its way). Whoever clears it
+//   takes the parked references back before releasing mutex_ (unpark_locked): from its own line
+//   directly when it is the single owner (nothing else writes that line); else it marks the
+//   owner's line (every line for kAnyOwner), and
 //   reclaim_parked_locked() runs EpochDomain::wait_for_readers() (every guard that could have
 //   read kParkable set has ended; every later one reads it clear), then a CAS takes each parked
 //   reference of a region without kParkable out of the marked lines and drops it. So after that
@@ -86,11 +88,17 @@ struct Region : PgtRegion, mrc_region {
                             // an uncached region waiting on garbage_)
     kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
   };
-  // The owner of a kParkable region: a thread slot index, in the flags word above its bits.
+  // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
+  // earned it too; in the flags word above its bits.
   static constexpr unsigned kOwnerShift = 16;
   static constexpr uint32_t kOwnerMask = 0xffU << kOwnerShift;
+  static constexpr unsigned kAnyOwner = 0xff;
   static constexpr unsigned owner_of(uint32_t flags) noexcept {
     return (flags & kOwnerMask) >> kOwnerShift;
+  }
+  // Whether the thread of slot `index` may park this region (given its flags).
+  static constexpr bool parks_for(uint32_t flags, unsigned index) noexcept {
+    return (flags & kParkable) != 0 && (owner_of(flags) == index || owner_of(flags) == kAnyOwner);
   }
 
   // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
@@ -265,7 +273,7 @@ class Cache {
   // reclaim at its removal costs a membarrier, which a region used once should not pay.
   static constexpr uint32_t kPromoteAfter = 8;
   static constexpr size_t kLines = ShardedCounters::kSlots;
-  static_assert(kLines <= (Region::kOwnerMask >> Region::kOwnerShift) + 1);
+  static_assert(kLines <= Region::kAnyOwner);
   uint64_t lines_to_reclaim_[kLines / 64] = {};  // mutex_: owners' lines marked by unpark_locked
   ParkingLine parking_[kLines];
 

@@ -232,13 +232,29 @@ bool finishes_within(std::chrono::milliseconds wait, std::thread &runner, Fn fn)
   return *done;
 }
 
-TEST_F(CacheParking, OnlyTheOwnerParks) {
+// One owner at first; a second thread that earns the region too makes every thread an owner,
+// and an invalidation then takes back what both lines hold.
+TEST_F(CacheParking, ASecondHotThreadSharesTheRegion) {
   char *p = map_pages(1);
   mrc_region_t *region = heat(p);  // this thread owns it
   ASSERT_EQ(references(region), 2u);
-  std::thread other([&] { heat(p); });
-  other.join();
-  EXPECT_EQ(references(region), 2u) << "another thread's puts went to the count";
+  std::thread lukewarm([&] {
+    for (int i = 0; i < 4; ++i) {  // fewer hits than a promotion needs
+      mrc_region_t *got = nullptr;
+      ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &got), MRC_OK);
+      mrc_put(cache, got);
+    }
+  });
+  lukewarm.join();
+  EXPECT_EQ(references(region), 2u) << "a thread that is not an owner parked";
+  std::thread hot([&] { heat(p); });
+  hot.join();
+  EXPECT_EQ(references(region), 3u) << "the second hot thread parks too";
+  int done = 0;
+  ASSERT_EQ(mrc_invalidate(
+                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
+            MRC_OK);
+  EXPECT_EQ(done, 1) << "both lines' references were taken back";
   munmap(p, kPage);
 }
 
