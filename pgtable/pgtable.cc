@@ -282,6 +282,18 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     return MRC_ERR_INVALID;
   }
   if ((reinterpret_cast<uintptr_t>(region) & kTagMask) != 0) return MRC_ERR_INVALID;
+  // Back into an empty slot of the kept node used last (see hint_node_): no region intersects the
+  // slot's block, and the descent would end there.
+  unsigned hinted;
+  if (hinted_slot(start, end, hinted)) {
+    const NodeRef node{hint_node_, hint_level_};
+    if (node.slot(hinted).load(std::memory_order_relaxed) == 0) {
+      set_slot(node, hinted, 0, reinterpret_cast<uintptr_t>(region));
+      size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      if (keep_credit_ < kKeptNodes) ++keep_credit_;
+      return MRC_OK;
+    }
+  }
 
   // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
   // not change (the recursion below would pass through them one slot at a time).
@@ -308,8 +320,9 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
   }
   const SlotRef at{owner, index, owner.slot_level(), block};
   // A region back in a kept node: keeping pays, and earns an eviction (see keep()).
-  if (kept_count_ != 0 && keep_credit_ < kKeptNodes && owner.ptr != 0 && is_kept(owner.ptr)) {
-    ++keep_credit_;
+  if (kept_count_ != 0 && owner.ptr != 0 && is_kept(owner.ptr)) {
+    if (keep_credit_ < kKeptNodes) ++keep_credit_;
+    set_hint(owner);
   }
   // The usual cases, without the general recursion: an empty slot, or one holding a single region.
   if (entry == 0) {
@@ -560,6 +573,31 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   // start/end are immutable while the region is in the table.
   const uintptr_t start = region->start;
   const uintptr_t end = region->end;
+  // Out of a slot of the kept node used last, which keeps another region (so it stays as it is,
+  // kept): no descent, nothing above changes.
+  unsigned hinted;
+  if (hinted_slot(start, end, hinted)) {
+    const NodeRef node{hint_node_, hint_level_};
+    if (node.slot(hinted).load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(region)) {
+      bool another = false;
+      if (node.level == 0) {
+        for (unsigned i = 0; i < kLeafFanout; ++i) {
+          another = another || (i != hinted && node.slot(i).load(std::memory_order_relaxed) != 0);
+        }
+      } else {
+        const InnerNode *inner = node.inner();
+        for (unsigned w = 0; w < std::size(inner->occupied); ++w) {
+          const uint64_t mine = w == hinted / 64 ? uint64_t{1} << (hinted % 64) : 0;
+          another = another || (inner->occupied[w] & ~mine) != 0;
+        }
+      }
+      if (another) {
+        set_slot(node, hinted, reinterpret_cast<uintptr_t>(region), 0);
+        size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        return MRC_OK;
+      }
+    }
+  }
   // One descent along start, as lookup() takes, remembering the way: it finds the region if it is
   // there, and the deepest slot whose block holds all of it (`split`). Below that slot
   // remove_from() does the work; above it only a node that collapses changes its parent.
@@ -655,6 +693,7 @@ MRC_TABLE bool MRC_SELF::is_kept(uintptr_t node) const noexcept {
 }
 
 MRC_TABLE void MRC_SELF::forget(uintptr_t node) noexcept {
+  if (node == hint_node_) hint_node_ = 0;
   for (uintptr_t &kept : kept_) {
     if (kept == node) {
       kept = 0;
@@ -670,7 +709,10 @@ MRC_TABLE void MRC_SELF::forget(uintptr_t node) noexcept {
 // change under it).
 MRC_TABLE bool MRC_SELF::keep(NodeRef node, Unlinked &unlinked) noexcept {
   unlinked.may_keep = false;
-  if (kept_count_ != 0 && is_kept(node.ptr)) return true;
+  if (kept_count_ != 0 && is_kept(node.ptr)) {
+    set_hint(node);
+    return true;
+  }
   unsigned at = kept_next_;
   if (kept_count_ < kKeptNodes) {
     while (kept_[at] != 0) at = (at + 1) % kKeptNodes;
@@ -691,6 +733,25 @@ MRC_TABLE bool MRC_SELF::keep(NodeRef node, Unlinked &unlinked) noexcept {
   kept_[at] = node.ptr;
   ++kept_count_;
   kept_next_ = (at + 1) % kKeptNodes;
+  set_hint(node);  // after the displaced node's header was read: it may have been the hint
+  return true;
+}
+
+MRC_TABLE void MRC_SELF::set_hint(NodeRef node) noexcept {
+  MRC_DASSERT(!node.flat);
+  hint_node_ = node.ptr;
+  hint_base_ = node.base();
+  hint_level_ = node.level;
+}
+
+// Whether [start, end) lies inside one slot of the hinted kept node, and which.
+MRC_TABLE inline bool MRC_SELF::hinted_slot(uintptr_t start, uintptr_t end,
+                                            unsigned &index) const noexcept {
+  if (hint_node_ == 0 || start < hint_base_) return false;
+  const unsigned shift = slot_shift(hint_level_);
+  const uintptr_t slot = (start - hint_base_) >> shift;
+  if (slot >= fanout(hint_level_) || (end - 1 - hint_base_) >> shift != slot) return false;
+  index = static_cast<unsigned>(slot);
   return true;
 }
 
@@ -728,6 +789,7 @@ MRC_TABLE void MRC_SELF::settle() noexcept {
     const uintptr_t header = header_of(node);
     kept = 0;
     --kept_count_;
+    if (node == hint_node_) hint_node_ = 0;
     settle_node(node, header & ~kLevelMask, level_in(header));
   }
 }

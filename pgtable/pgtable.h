@@ -56,7 +56,8 @@
 //     e.g. the cache's mutex), and may call lookup() and for_each_overlapping() without a guard.
 //     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
 //     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
-//     node's occupancy bitmap and child count, and the node pool, are the writer's alone;
+//     node's occupancy bitmap and child count, the kept nodes and the hint to the last one used,
+//     and the node pool, are the writer's alone;
 //     readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
 //     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
@@ -401,6 +402,8 @@ class RadixPageTable {
   void unwind(const Step *path, unsigned depth, uintptr_t updated, Unlinked &unlinked) noexcept;
   void finish_unlinked(Unlinked &unlinked) noexcept;
   bool is_kept(uintptr_t node) const noexcept;
+  void set_hint(NodeRef node) noexcept;
+  bool hinted_slot(uintptr_t start, uintptr_t end, unsigned &index) const noexcept;
   bool keep(NodeRef node, Unlinked &unlinked) noexcept;
   void forget(uintptr_t node) noexcept;
   void settle_node(uintptr_t ptr, uintptr_t base, unsigned level) noexcept;
@@ -428,6 +431,12 @@ class RadixPageTable {
   unsigned kept_count_ = 0;
   unsigned keep_credit_ = 0;
   unsigned unkept_removals_ = 0;
+  // Writer only: the kept node used last (0: none), its block's first address and its level. A
+  // kept node is linked (forgotten when unlinked), so insert() and remove() of a region inside one
+  // of its slots go straight there: no descent from the root for the cache's round trips.
+  uintptr_t hint_node_ = 0;
+  uintptr_t hint_base_ = 0;
+  unsigned hint_level_ = 0;
 };
 
 // ---- inline reader paths ------------------------------------------------------------------------
@@ -604,6 +613,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   flats_ = 0;
   for (uintptr_t &kept : kept_) kept = 0;  // every node goes
   kept_count_ = 0;
+  hint_node_ = 0;
   const PgtRegion *last = nullptr;
   purge_walk(root, last, on_region);
   pool_.flush();
