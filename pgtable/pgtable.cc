@@ -685,7 +685,15 @@ MRC_TABLE void MRC_SELF::finish_unlinked(Unlinked &unlinked) noexcept {
 
 // ---- kept nodes (hysteresis) --------------------------------------------------------------------
 
+MRC_TABLE void MRC_SELF::refilter() noexcept {
+  kept_filter_ = 0;
+  for (const uintptr_t kept : kept_) {
+    if (kept != 0) kept_filter_ |= kept_bit(kept);
+  }
+}
+
 MRC_TABLE bool MRC_SELF::is_kept(uintptr_t node) const noexcept {
+  if ((kept_filter_ & kept_bit(node)) == 0) return false;
   for (const uintptr_t kept : kept_) {
     if (kept == node) return true;
   }
@@ -694,10 +702,12 @@ MRC_TABLE bool MRC_SELF::is_kept(uintptr_t node) const noexcept {
 
 MRC_TABLE void MRC_SELF::forget(uintptr_t node) noexcept {
   if (node == hint_node_) hint_node_ = 0;
+  if ((kept_filter_ & kept_bit(node)) == 0) return;
   for (uintptr_t &kept : kept_) {
     if (kept == node) {
       kept = 0;
       --kept_count_;
+      refilter();
       return;
     }
   }
@@ -733,6 +743,8 @@ MRC_TABLE bool MRC_SELF::keep(NodeRef node, Unlinked &unlinked) noexcept {
   kept_[at] = node.ptr;
   ++kept_count_;
   kept_next_ = (at + 1) % kKeptNodes;
+  if (unlinked.evict_ptr != 0) refilter();  // the displaced node's bit goes
+  kept_filter_ |= kept_bit(node.ptr);
   set_hint(node);  // after the displaced node's header was read: it may have been the hint
   return true;
 }
@@ -790,6 +802,7 @@ MRC_TABLE void MRC_SELF::settle() noexcept {
     kept = 0;
     --kept_count_;
     if (node == hint_node_) hint_node_ = 0;
+    refilter();
     settle_node(node, header & ~kLevelMask, level_in(header));
   }
 }

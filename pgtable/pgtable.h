@@ -401,6 +401,8 @@ class RadixPageTable {
   };
   void unwind(const Step *path, unsigned depth, uintptr_t updated, Unlinked &unlinked) noexcept;
   void finish_unlinked(Unlinked &unlinked) noexcept;
+  static uint64_t kept_bit(uintptr_t node) noexcept { return uint64_t{1} << ((node >> 3) & 63); }
+  void refilter() noexcept;
   bool is_kept(uintptr_t node) const noexcept;
   void set_hint(NodeRef node) noexcept;
   bool hinted_slot(uintptr_t start, uintptr_t end, unsigned &index) const noexcept;
@@ -427,6 +429,9 @@ class RadixPageTable {
   // the evictions inserts have paid for, and the removals since the last eviction that could not
   // keep their node.
   uintptr_t kept_[kKeptNodes] = {};
+  // Writer only: a bit for each kept node (kept_bit()), or more: is_kept() and forget() run for
+  // every node a change touches, and mostly find nothing.
+  uint64_t kept_filter_ = 0;
   unsigned kept_next_ = 0;
   unsigned kept_count_ = 0;
   unsigned keep_credit_ = 0;
@@ -613,6 +618,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   flats_ = 0;
   for (uintptr_t &kept : kept_) kept = 0;  // every node goes
   kept_count_ = 0;
+  kept_filter_ = 0;
   hint_node_ = 0;
   const PgtRegion *last = nullptr;
   purge_walk(root, last, on_region);
