@@ -282,6 +282,18 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     return MRC_ERR_INVALID;
   }
   if ((reinterpret_cast<uintptr_t>(region) & kTagMask) != 0) return MRC_ERR_INVALID;
+  // Back into an empty slot of the kept node used last (see hint_node_): no region intersects the
+  // slot's block, and the descent would end there.
+  unsigned hinted;
+  if (hinted_slot(start, end, hinted)) {
+    const NodeRef node{hint_node_, hint_level_};
+    if (node.slot(hinted).load(std::memory_order_relaxed) == 0) {
+      set_slot(node, hinted, 0, reinterpret_cast<uintptr_t>(region));
+      size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      if (keep_credit_ < kKeptNodes) ++keep_credit_;
+      return MRC_OK;
+    }
+  }
 
   // Down to the slot where the region stops fitting in one slot of a node: the nodes above it do
   // not change (the recursion below would pass through them one slot at a time).
@@ -307,6 +319,11 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     entry = node.slot(slot).load(std::memory_order_relaxed);
   }
   const SlotRef at{owner, index, owner.slot_level(), block};
+  // A region back in a kept node: keeping pays, and earns an eviction (see keep()).
+  if (kept_count_ != 0 && owner.ptr != 0 && is_kept(owner.ptr)) {
+    if (keep_credit_ < kKeptNodes) ++keep_credit_;
+    set_hint(owner);
+  }
   // The usual cases, without the general recursion: an empty slot, or one holding a single region.
   if (entry == 0) {
     store(at, 0, reinterpret_cast<uintptr_t>(region));
@@ -504,10 +521,11 @@ MRC_TABLE uintptr_t MRC_SELF::collapse(NodeRef node, unsigned level, uintptr_t e
   if (node.flat) return entry;
   // Still separating two regions: a child node sees two, and so does a node with another slot.
   unsigned first = 0, last = node.fanout() - 1;
-  bool has_child = false;
+  bool has_child = false, empty = false;
   if (node.level == 0) {
-    while (node.slot(first).load(std::memory_order_relaxed) == 0) ++first;
-    while (node.slot(last).load(std::memory_order_relaxed) == 0) --last;
+    while (first <= last && node.slot(first).load(std::memory_order_relaxed) == 0) ++first;
+    empty = first > last;
+    while (!empty && node.slot(last).load(std::memory_order_relaxed) == 0) --last;
   } else {
     const InnerNode *inner = node.inner();
     has_child = inner->children != 0;
@@ -518,22 +536,29 @@ MRC_TABLE uintptr_t MRC_SELF::collapse(NodeRef node, unsigned level, uintptr_t e
       seen += word != 0;
     }
     if (has_child && two_or_more) return entry;
-    constexpr unsigned kWords = std::size(decltype(inner->occupied){});
-    unsigned w = 0;
-    while (inner->occupied[w] == 0) ++w;
-    first = 64 * w + static_cast<unsigned>(std::countr_zero(inner->occupied[w]));
-    w = kWords - 1;
-    while (inner->occupied[w] == 0) --w;
-    last = 64 * w + 63 - static_cast<unsigned>(std::countl_zero(inner->occupied[w]));
+    empty = seen == 0;
+    if (!empty) {
+      constexpr unsigned kWords = std::size(decltype(inner->occupied){});
+      unsigned w = 0;
+      while (inner->occupied[w] == 0) ++w;
+      first = 64 * w + static_cast<unsigned>(std::countr_zero(inner->occupied[w]));
+      w = kWords - 1;
+      while (inner->occupied[w] == 0) --w;
+      last = 64 * w + 63 - static_cast<unsigned>(std::countl_zero(inner->occupied[w]));
+    }
   }
   auto slot = [&node](unsigned i) { return node.slot(i).load(std::memory_order_relaxed); };
   uintptr_t replacement;
-  if (first == last && is_node(slot(first))) {
+  if (empty) {
+    // Only a kept node loses its last region (any other node sees two).
+    replacement = 0;
+  } else if (first == last && is_node(slot(first))) {
     // Path compression: the child takes the node's place, its tag counted from our slot.
     replacement = node_entry(node_of(slot(first)), level);
   } else if (!has_child && slot(first) == slot(last)) {
-    // One region left (its entries are consecutive, so first and last tell). The removed region
-    // shared the parent block, so the survivor does not cover it: one entry for the block.
+    // One region left (its entries are consecutive, so first and last tell): one entry for the
+    // block (the survivor is the only region intersecting it), unless the node is kept.
+    if (unlinked.may_keep && keep(node, unlinked)) return entry;
     replacement = slot(first);
   } else {
     return entry;
@@ -548,14 +573,34 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   // start/end are immutable while the region is in the table.
   const uintptr_t start = region->start;
   const uintptr_t end = region->end;
+  // Out of a slot of the kept node used last, which keeps another region (so it stays as it is,
+  // kept): no descent, nothing above changes.
+  unsigned hinted;
+  if (hinted_slot(start, end, hinted)) {
+    const NodeRef node{hint_node_, hint_level_};
+    if (node.slot(hinted).load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(region)) {
+      bool another = false;
+      if (node.level == 0) {
+        for (unsigned i = 0; i < kLeafFanout; ++i) {
+          another = another || (i != hinted && node.slot(i).load(std::memory_order_relaxed) != 0);
+        }
+      } else {
+        const InnerNode *inner = node.inner();
+        for (unsigned w = 0; w < std::size(inner->occupied); ++w) {
+          const uint64_t mine = w == hinted / 64 ? uint64_t{1} << (hinted % 64) : 0;
+          another = another || (inner->occupied[w] & ~mine) != 0;
+        }
+      }
+      if (another) {
+        set_slot(node, hinted, reinterpret_cast<uintptr_t>(region), 0);
+        size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        return MRC_OK;
+      }
+    }
+  }
   // One descent along start, as lookup() takes, remembering the way: it finds the region if it is
   // there, and the deepest slot whose block holds all of it (`split`). Below that slot
   // remove_from() does the work; above it only a node that collapses changes its parent.
-  struct Step {
-    NodeRef owner;    // the node holding the slot (ptr 0: root_)
-    unsigned index;   // the slot's index there
-    uintptr_t entry;  // what the slot held
-  };
   Step path[kLevels + 1];
   unsigned depth = 0, split = 0;
   path[0] = {NodeRef{0, kLevels}, 0, root_.load(std::memory_order_relaxed)};
@@ -574,30 +619,11 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   const unsigned deepest = depth;
 
   Unlinked unlinked;
-  depth = split;
-  uintptr_t entry = path[depth].entry;
-  uintptr_t updated = remove_from(entry, path[depth].owner.slot_level(), region, unlinked);
-  // Stores bottom-up, as the recursion would: a replacement is complete before its parent
-  // points to it.
-  for (;;) {
-    if (updated == entry) break;
-    const Step &step = path[depth];
-    if (step.owner.ptr == 0) {
-      set_root(updated);
-      break;
-    }
-    set_slot(step.owner, step.index, entry, updated);
-    entry = path[--depth].entry;
-    updated = collapse(step.owner, path[depth].owner.slot_level(), entry, unlinked);
-  }
-  // Retire only now: every unlinked node's replacement has been stored.
-  size_t bytes = 0;
-  for (unsigned i = 0; i < unlinked.count; ++i) {
-    bytes += node_bytes(unlinked.nodes[i]);
-    retire(unlinked.nodes[i]);
-  }
-  nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
-  bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
+  unlinked.may_keep = true;
+  unwind(path, split,
+         remove_from(path[split].entry, path[split].owner.slot_level(), region, unlinked),
+         unlinked);
+  finish_unlinked(unlinked);
   size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
   // A removal only thins level-1 nodes out; flat nodes may have to go back to a tree. A flat node
   // never collapses, so one on the descent's path still sits in the slot above it.
@@ -620,7 +646,165 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
       refresh_flat(end - 1);
     }
   }
+  // Last: the table is whole again, and the displaced node is looked for afresh.
+  if (unlinked.evict_ptr != 0) {
+    settle_node(unlinked.evict_ptr, unlinked.evict_base, unlinked.evict_level);
+  }
   return MRC_OK;
+}
+
+// The slot path[depth] now holds `updated`: stores it, and every replacement of a node above that
+// collapses in turn, bottom-up as a recursion would (a replacement is complete before its parent
+// points to it).
+MRC_TABLE void MRC_SELF::unwind(const Step *path, unsigned depth, uintptr_t updated,
+                                Unlinked &unlinked) noexcept {
+  uintptr_t entry = path[depth].entry;
+  while (updated != entry) {
+    const Step &step = path[depth];
+    if (step.owner.ptr == 0) {
+      set_root(updated);
+      return;
+    }
+    set_slot(step.owner, step.index, entry, updated);
+    entry = path[--depth].entry;
+    updated = collapse(step.owner, path[depth].owner.slot_level(), entry, unlinked);
+  }
+}
+
+// Retires the nodes a change unlinked, once every replacement has been stored.
+MRC_TABLE void MRC_SELF::finish_unlinked(Unlinked &unlinked) noexcept {
+  size_t bytes = 0;
+  for (unsigned i = 0; i < unlinked.count; ++i) {
+    bytes += node_bytes(unlinked.nodes[i]);
+    if (kept_count_ != 0) forget(unlinked.nodes[i].ptr);
+    retire(unlinked.nodes[i]);
+  }
+  nodes_.store(nodes_.load(std::memory_order_relaxed) - unlinked.count, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) - bytes, std::memory_order_relaxed);
+}
+
+// ---- kept nodes (hysteresis) --------------------------------------------------------------------
+
+MRC_TABLE void MRC_SELF::refilter() noexcept {
+  kept_filter_ = 0;
+  for (const uintptr_t kept : kept_) {
+    if (kept != 0) kept_filter_ |= kept_bit(kept);
+  }
+}
+
+MRC_TABLE bool MRC_SELF::is_kept(uintptr_t node) const noexcept {
+  if ((kept_filter_ & kept_bit(node)) == 0) return false;
+  for (const uintptr_t kept : kept_) {
+    if (kept == node) return true;
+  }
+  return false;
+}
+
+MRC_TABLE void MRC_SELF::forget(uintptr_t node) noexcept {
+  if (node == hint_node_) hint_node_ = 0;
+  if ((kept_filter_ & kept_bit(node)) == 0) return;
+  for (uintptr_t &kept : kept_) {
+    if (kept == node) {
+      kept = 0;
+      --kept_count_;
+      refilter();
+      return;
+    }
+  }
+}
+
+// Whether node, left with one region by a removal, stays (see the shape notes in pgtable.h). Only
+// the first such node of a removal is asked. When keeping it displaces the oldest kept node, that
+// node is recorded in unlinked, to be settled once the removal is done (the removal's path must not
+// change under it).
+MRC_TABLE bool MRC_SELF::keep(NodeRef node, Unlinked &unlinked) noexcept {
+  unlinked.may_keep = false;
+  if (kept_count_ != 0 && is_kept(node.ptr)) {
+    set_hint(node);
+    return true;
+  }
+  unsigned at = kept_next_;
+  if (kept_count_ < kKeptNodes) {
+    while (kept_[at] != 0) at = (at + 1) % kKeptNodes;
+  } else {
+    if (keep_credit_ != 0) {
+      --keep_credit_;
+    } else if (++unkept_removals_ == kAgeRemovals) {
+      unkept_removals_ = 0;
+    } else {
+      return false;
+    }
+    const uintptr_t header = header_of(kept_[at]);  // linked still: forgotten when unlinked
+    unlinked.evict_ptr = kept_[at];
+    unlinked.evict_base = header & ~kLevelMask;
+    unlinked.evict_level = level_in(header);
+    --kept_count_;
+  }
+  kept_[at] = node.ptr;
+  ++kept_count_;
+  kept_next_ = (at + 1) % kKeptNodes;
+  if (unlinked.evict_ptr != 0) refilter();  // the displaced node's bit goes
+  kept_filter_ |= kept_bit(node.ptr);
+  set_hint(node);  // after the displaced node's header was read: it may have been the hint
+  return true;
+}
+
+MRC_TABLE void MRC_SELF::set_hint(NodeRef node) noexcept {
+  MRC_DASSERT(!node.flat);
+  hint_node_ = node.ptr;
+  hint_base_ = node.base();
+  hint_level_ = node.level;
+}
+
+// Whether [start, end) lies inside one slot of the hinted kept node, and which.
+MRC_TABLE inline bool MRC_SELF::hinted_slot(uintptr_t start, uintptr_t end,
+                                            unsigned &index) const noexcept {
+  if (hint_node_ == 0 || start < hint_base_) return false;
+  const unsigned shift = slot_shift(hint_level_);
+  const uintptr_t slot = (start - hint_base_) >> shift;
+  if (slot >= fanout(hint_level_) || (end - 1 - hint_base_) >> shift != slot) return false;
+  index = static_cast<unsigned>(slot);
+  return true;
+}
+
+// Collapses the node at ptr if it still sits where it sat (its block starting at base, at level)
+// and a removal would collapse it now, with whatever collapses above it in turn.
+MRC_TABLE void MRC_SELF::settle_node(uintptr_t ptr, uintptr_t base, unsigned level) noexcept {
+  Step path[kLevels + 1];
+  unsigned depth = 0;
+  path[0] = {NodeRef{0, kLevels}, 0, root_.load(std::memory_order_relaxed)};
+  for (;;) {
+    const uintptr_t entry = path[depth].entry;
+    if (!is_node(entry) || is_flat(entry)) return;  // a flat node holds no nodes
+    uintptr_t node_base;
+    const NodeRef node = place(entry, path[depth].owner.slot_level(), base, node_base);
+    if (node.ptr == ptr) {
+      if (node.level != level || node_base != base) return;
+      Unlinked unlinked;  // may_keep is false: nothing is kept on the way up either
+      unwind(path, depth, collapse(node, path[depth].owner.slot_level(), entry, unlinked),
+             unlinked);
+      finish_unlinked(unlinked);
+      return;
+    }
+    if (node.level <= level || base < node_base || base >= node.end()) return;
+    const uintptr_t index = (base - node_base) >> node.shift();
+    MRC_DASSERT(depth < kLevels);
+    path[++depth] = {node, static_cast<unsigned>(index),
+                     node.slot(index).load(std::memory_order_relaxed)};
+  }
+}
+
+MRC_TABLE void MRC_SELF::settle() noexcept {
+  for (uintptr_t &kept : kept_) {
+    const uintptr_t node = kept;  // settling one may unlink (and forget) a later one
+    if (node == 0) continue;
+    const uintptr_t header = header_of(node);
+    kept = 0;
+    --kept_count_;
+    if (node == hint_node_) hint_node_ = 0;
+    refilter();
+    settle_node(node, header & ~kLevelMask, level_in(header));
+  }
 }
 
 // ---- flat nodes ---------------------------------------------------------------------------------
@@ -677,6 +861,18 @@ MRC_TABLE void MRC_SELF::refresh_flat(uintptr_t address) noexcept {
 // Replaces the level-1 node held by holder with a flat node: built while private, published by one
 // store, the node and its leaves retired after.
 MRC_TABLE void MRC_SELF::flatten(const SlotRef &holder, NodeRef node) noexcept {
+  // A flat node marks a group for each leaf, which must hold two regions: kept leaves collapse
+  // first (the node, with many children still, does not; holder stays valid), and the node may
+  // then be too sparse to be flat.
+  if (kept_count_ != 0) {
+    for (unsigned g = 0; g < kInnerFanout; ++g) {
+      const uintptr_t entry = node.inner()->slots[g].load(std::memory_order_relaxed);
+      if (!is_node(entry) || !is_kept(pointer_of(entry))) continue;
+      forget(pointer_of(entry));
+      settle_node(pointer_of(entry), node.base() + (uintptr_t{g} << slot_shift(1)), 0);
+    }
+    if (node.inner()->children < kFlatFrom) return;
+  }
   void *memory = pool_.allocate(kFlatClass);
   if (memory == nullptr) return;
   FlatNode *flat = new (memory) FlatNode();
@@ -710,8 +906,11 @@ MRC_TABLE void MRC_SELF::flatten(const SlotRef &holder, NodeRef node) noexcept {
   // Unlinked now: the node and its leaves wait out the readers in the pool.
   for (unsigned g = 0; g < kInnerFanout; ++g) {
     const uintptr_t entry = inner->slots[g].load(std::memory_order_relaxed);
-    if (is_node(entry)) retire(node_of(entry));
+    if (!is_node(entry)) continue;
+    if (kept_count_ != 0) forget(pointer_of(entry));
+    retire(node_of(entry));
   }
+  if (kept_count_ != 0) forget(node.ptr);
   retire(node);
   ++flats_;
   nodes_.store(nodes_.load(std::memory_order_relaxed) - leaves, std::memory_order_relaxed);
@@ -803,6 +1002,9 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
   if (base < block || node.end() > block + block_size(level)) return false;
   ++census.nodes;
   census.bytes += node_bytes(node);
+  const bool kept = is_kept(node.ptr);
+  const size_t kept_before = census.kept;
+  census.kept += kept;
   unsigned used = 0, children = 0;
   const PgtRegion *only = nullptr;
   bool several = false;
@@ -843,15 +1045,22 @@ MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t 
     if (marked != used || children != inner->children) return false;
     if (kFlats && node.level == kFlatLevel && children >= kFlatFrom) return false;  // flat by now
   }
-  return used >= 2 && several;  // canonical: a node separates at least two regions
+  // Canonical: a node separates at least two regions; a kept node holds one at least, and a node
+  // above a kept node may see one region only.
+  const bool holds_up_kept = children != 0 && census.kept > kept_before + kept;
+  return (used >= 2 && several) || (kept && used >= 1) || holds_up_kept;
 }
 
 MRC_TABLE bool MRC_SELF::check_invariants() const noexcept {
   Census census;
   if (!check_entry(root_.load(std::memory_order_relaxed), kLevels, 0, census)) return false;
   // Every byte of every region is covered by exactly one entry.
+  // Every kept node is in the table (a node is forgotten when unlinked).
+  size_t kept = 0;
+  for (const uintptr_t node : kept_) kept += node != 0;
   return census.covered == census.region_bytes && census.nodes == node_count() &&
-         census.bytes == memory_bytes() && census.regions == size();
+         census.bytes == memory_bytes() && census.regions == size() && kept == kept_count_ &&
+         census.kept == kept_count_;
 }
 
 #undef MRC_TABLE

@@ -11,13 +11,22 @@
 //   node | 2 | 1      the same, with levels skipped between the slot and the node (path
 //                     compression; the node's header holds its level and its block).
 // The form is canonical (a function of the set of regions): every node has at least two
-// non-empty slots and sees at least two regions. Consequences:
+// non-empty slots and sees at least two regions, except for a few kept nodes (below). Consequences:
 // - A region alone in its neighbourhood is one entry, as high as it is alone; a region beside
 //   others is stored at the highest levels whose blocks it covers whole (huge entries): at most
 //   one node's worth of entries per level and two descents (one per end), so a region of N pages
 //   costs O(fanout * log N) entries, never O(N); a 1 TiB region is a few dozen stores.
 // - Depth follows how the regions are spread, not the address width, and there are at most
-//   regions - 1 nodes whatever the layout.
+//   regions - 1 nodes whatever the layout, plus the kept nodes and the nodes above them that they
+//   hold up (at most kKeptNodes * kLevels).
+// - Hysteresis: a removal that leaves the lowest node it touched with one region does not always
+//   collapse it. Up to kKeptNodes such nodes stay (kept), so that a region inserted there again
+//   (a cache missing next to a cached neighbour, over and over) is one slot store and its removal
+//   one slot clear: no node made, filled, unlinked and recycled per round trip. Kept nodes are
+//   replaced oldest first, only while keeping pays (inserts landing in kept nodes earn the credit
+//   an eviction spends) or, to age them out, once per kAgeRemovals removals that could not keep
+//   their node. An evicted node collapses as a removal would collapse it; a kept node left empty
+//   collapses at once; settle() collapses them all.
 // - lookup() is at most kLevels dependent loads (one per node) and a check of the region's
 //   bounds; for regions clustered in a few GiB it is 2 to 4 loads. The critical path is the
 //   loads alone: the root's slot is a bias (from root_ and its header, which do not wait for the
@@ -47,7 +56,8 @@
 //     e.g. the cache's mutex), and may call lookup() and for_each_overlapping() without a guard.
 //     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
 //     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
-//     node's occupancy bitmap and child count, and the node pool, are the writer's alone;
+//     node's occupancy bitmap and child count, the kept nodes and the hint to the last one used,
+//     and the node pool, are the writer's alone;
 //     readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
 //     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
@@ -128,6 +138,11 @@ class RadixPageTable {
   // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
   static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
 
+  // Hysteresis (see the shape notes): nodes a removal may leave in place with a single region, and
+  // the removals that could not keep their node after which the oldest kept node is evicted anyway.
+  static constexpr unsigned kKeptNodes = 8;
+  static constexpr unsigned kAgeRemovals = 64;
+
   explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept;
   // REQUIRES: no reader is inside a lookup. Releases the nodes; the regions stay the caller's.
   ~RadixPageTable() = default;
@@ -167,6 +182,10 @@ class RadixPageTable {
   size_t flat_count() const noexcept { return flats_; }
   // Writer: the node pool (free and waiting nodes, chunks mapped), for tests and statistics.
   const NodePool &pool() const noexcept { return pool_; }
+  // Writer: nodes kept by the hysteresis (see the shape notes), for tests and statistics.
+  size_t kept_count() const noexcept { return kept_count_; }
+  // Writer: collapses every kept node, leaving the canonical form.
+  void settle() noexcept;
 
   // Writer, for tests: checks the canonical form, the headers and the counters. False on any
   // breach.
@@ -276,6 +295,11 @@ class RadixPageTable {
   struct Unlinked {
     NodeRef nodes[4 * kLevels + 4];
     unsigned count = 0;
+    // Whether collapse() may still keep a node (the first node it finds with one region), and the
+    // kept node that keeping it displaced: settled once the removal is done (evict_ptr 0: none).
+    bool may_keep = false;
+    uintptr_t evict_ptr = 0, evict_base = 0;
+    unsigned evict_level = 0;
   };
 
   // Any kind of node (the writer's and the walks' view); lookup() follows kNodeTag itself.
@@ -368,10 +392,28 @@ class RadixPageTable {
   uintptr_t remove_from(uintptr_t entry, unsigned level, const PgtRegion *region,
                         Unlinked &unlinked) noexcept;
   uintptr_t collapse(NodeRef node, unsigned level, uintptr_t entry, Unlinked &unlinked) noexcept;
+  // One step of a descent from root_: the node holding a slot (ptr 0: root_), the slot's index
+  // there, and what the slot held.
+  struct Step {
+    NodeRef owner;
+    unsigned index;
+    uintptr_t entry;
+  };
+  void unwind(const Step *path, unsigned depth, uintptr_t updated, Unlinked &unlinked) noexcept;
+  void finish_unlinked(Unlinked &unlinked) noexcept;
+  static uint64_t kept_bit(uintptr_t node) noexcept { return uint64_t{1} << ((node >> 3) & 63); }
+  void refilter() noexcept;
+  bool is_kept(uintptr_t node) const noexcept;
+  void set_hint(NodeRef node) noexcept;
+  bool hinted_slot(uintptr_t start, uintptr_t end, unsigned &index) const noexcept;
+  bool keep(NodeRef node, Unlinked &unlinked) noexcept;
+  void forget(uintptr_t node) noexcept;
+  void settle_node(uintptr_t ptr, uintptr_t base, unsigned level) noexcept;
   struct Census {
     size_t nodes = 0, regions = 0, bytes = 0;
     uintptr_t covered = 0, region_bytes = 0;
     const PgtRegion *last = nullptr;
+    size_t kept = 0;  // kept nodes reached
   };
   bool check_entry(uintptr_t entry, unsigned level, uintptr_t block, Census &census) const noexcept;
 
@@ -383,6 +425,23 @@ class RadixPageTable {
   EpochDomain &domain_;
   NodePool pool_;
   size_t flats_ = 0;  // writer only: flat nodes in the table
+  // Writer only: the kept nodes (0: a free entry), the oldest first from kept_next_, how many,
+  // the evictions inserts have paid for, and the removals since the last eviction that could not
+  // keep their node.
+  uintptr_t kept_[kKeptNodes] = {};
+  // Writer only: a bit for each kept node (kept_bit()), or more: is_kept() and forget() run for
+  // every node a change touches, and mostly find nothing.
+  uint64_t kept_filter_ = 0;
+  unsigned kept_next_ = 0;
+  unsigned kept_count_ = 0;
+  unsigned keep_credit_ = 0;
+  unsigned unkept_removals_ = 0;
+  // Writer only: the kept node used last (0: none), its block's first address and its level. A
+  // kept node is linked (forgotten when unlinked), so insert() and remove() of a region inside one
+  // of its slots go straight there: no descent from the root for the cache's round trips.
+  uintptr_t hint_node_ = 0;
+  uintptr_t hint_base_ = 0;
+  unsigned hint_level_ = 0;
 };
 
 // ---- inline reader paths ------------------------------------------------------------------------
@@ -557,6 +616,10 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
   nodes_.store(0, std::memory_order_relaxed);
   bytes_.store(0, std::memory_order_relaxed);
   flats_ = 0;
+  for (uintptr_t &kept : kept_) kept = 0;  // every node goes
+  kept_count_ = 0;
+  kept_filter_ = 0;
+  hint_node_ = 0;
   const PgtRegion *last = nullptr;
   purge_walk(root, last, on_region);
   pool_.flush();

@@ -65,6 +65,13 @@ class Differential {
       if (op % 4096 == 0) {
         ASSERT_TRUE(table_.check_invariants()) << "after op " << op;
       }
+      if (op % 8192 == 4096) {
+        // Without the kept nodes, the canonical form: at most regions - 1 nodes.
+        table_.settle();
+        ASSERT_EQ(table_.kept_count(), 0u);
+        ASSERT_LE(table_.node_count(), model_.empty() ? 0 : model_.size() - 1);
+        ASSERT_TRUE(table_.check_invariants()) << "after settling at op " << op;
+      }
       if (::testing::Test::HasFatalFailure()) return;
     }
     ASSERT_TRUE(table_.check_invariants());
@@ -75,6 +82,7 @@ class Differential {
     EXPECT_GT(removed_, operations / 20);
     EXPECT_GT(collisions_, operations / 100);
     EXPECT_GT(max_nodes_, 8u);
+    EXPECT_GT(max_kept_, 0u);
     // Purge reports exactly the model's regions, in address order.
     std::vector<PgtRegion *> purged, expected;
     for (auto &[start, region] : model_) expected.push_back(region);
@@ -149,6 +157,12 @@ class Differential {
       model_.erase(it);
       ++removed_;
       count_flat_changes();
+      // Kept nodes bound the memory beyond the canonical form: each holds up at most a path.
+      max_kept_ = std::max(max_kept_, table_.kept_count());
+      ASSERT_LE(table_.kept_count(), Table::kKeptNodes);
+      ASSERT_LE(table_.node_count(), model_.empty()
+                                         ? Table::kKeptNodes * Table::kLevels
+                                         : model_.size() - 1 + Table::kKeptNodes * Table::kLevels);
       return;
     }
     // Absent: a copy of a present region, or a range nobody inserted.
@@ -198,7 +212,7 @@ class Differential {
   Table table_{domain_};
   std::map<uintptr_t, PgtRegion *> model_;
   std::vector<std::unique_ptr<PgtRegion>> storage_;
-  size_t inserted_ = 0, removed_ = 0, collisions_ = 0, max_nodes_ = 0;
+  size_t inserted_ = 0, removed_ = 0, collisions_ = 0, max_nodes_ = 0, max_kept_ = 0;
   size_t flats_ = 0, flattened_ = 0, unflattened_ = 0;
 
   void count_flat_changes() {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <vector>
 
 #include "pgtable/epoch.h"
@@ -254,6 +255,9 @@ TYPED_TEST(PgtableTest, WholeAddressSpaceAndItsTop) {
   EXPECT_TRUE(this->table_.check_invariants());
   ASSERT_EQ(this->table_.remove(first), MRC_OK);
   ASSERT_EQ(this->table_.remove(last), MRC_OK);
+  EXPECT_EQ(this->table_.lookup(top / 3), middle);
+  EXPECT_TRUE(this->table_.check_invariants());  // with the nodes the removals kept
+  this->table_.settle();
   EXPECT_EQ(this->table_.lookup(top / 3), middle);  // now alone: one partial root entry
   EXPECT_EQ(this->table_.node_count(), 0u);
   EXPECT_EQ(this->table_.lookup(0), nullptr);
@@ -275,8 +279,10 @@ TYPED_TEST(PgtableTest, DistantClustersArePathCompressed) {
   EXPECT_EQ(this->table_.lookup(0x555555559000), nullptr);
   EXPECT_TRUE(this->table_.check_invariants());
   ASSERT_EQ(this->table_.remove(near), MRC_OK);
+  this->table_.settle();  // the canonical form, without the node the removal kept
   EXPECT_EQ(this->table_.node_count(), 1u);
   ASSERT_EQ(this->table_.remove(low), MRC_OK);
+  this->table_.settle();
   EXPECT_EQ(this->table_.node_count(), 0u);
   EXPECT_EQ(this->table_.lookup(0x7ffff7a00000), high);
   EXPECT_TRUE(this->table_.check_invariants());
@@ -374,6 +380,122 @@ TYPED_TEST(PgtableTest, PackedBlocksBecomeFlatAndGoBack) {
     EXPECT_EQ(this->table_.lookup(base + (Table::kInnerFanout + 1) * group + 2 * kPage),
               second[Table::kInnerFanout + 1]);
   }
+}
+
+TYPED_TEST(PgtableTest, ANodeKeptAfterARemovalIsReusedWithoutNodeTraffic) {
+  // The cache's miss next to a cached neighbour: one page inserted beside it and removed, again
+  // and again. The node separating them stays after the first removal and takes the page back.
+  const uintptr_t base = 0x7f0000000000;
+  PgtRegion *neighbour = this->add(base + 15 * kPage, base + 16 * kPage);
+  PgtRegion *page = this->add(base, base + kPage);
+  const size_t nodes = this->table_.node_count();
+  ASSERT_GT(nodes, 0u);
+  ASSERT_EQ(this->table_.remove(page), MRC_OK);
+  EXPECT_EQ(this->table_.kept_count(), 1u);
+  EXPECT_EQ(this->table_.node_count(), nodes);
+  EXPECT_EQ(this->table_.lookup(base), nullptr);
+  EXPECT_EQ(this->table_.lookup(base + 15 * kPage), neighbour);
+  EXPECT_EQ(this->table_.lookup(base + 14 * kPage), nullptr);
+  EXPECT_EQ(this->overlapping(0, ~uintptr_t{0}), std::vector<PgtRegion *>{neighbour});
+  EXPECT_TRUE(this->table_.check_invariants());
+  const size_t carved = this->table_.pool().carved_bytes();
+  const size_t waiting = this->table_.pool().nodes_waiting();
+  for (int round = 0; round < 1000; ++round) {
+    ASSERT_EQ(this->table_.insert(page), MRC_OK);
+    ASSERT_EQ(this->table_.lookup(base + kPage - 1), page);
+    ASSERT_EQ(this->table_.remove(page), MRC_OK);
+    ASSERT_EQ(this->table_.lookup(base), nullptr);
+  }
+  EXPECT_EQ(this->table_.node_count(), nodes);
+  EXPECT_EQ(this->table_.pool().carved_bytes(), carved);
+  EXPECT_EQ(this->table_.pool().nodes_waiting(), waiting) << "nodes unlinked on the round trips";
+  EXPECT_TRUE(this->table_.check_invariants());
+  // Left with nothing, a kept node collapses at once.
+  ASSERT_EQ(this->table_.remove(neighbour), MRC_OK);
+  EXPECT_EQ(this->table_.kept_count(), 0u);
+  EXPECT_EQ(this->table_.node_count(), 0u);
+  EXPECT_EQ(this->table_.memory_bytes(), 0u);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, KeptNodesAreBoundedAndAgeOut) {
+  using Table = TypeParam;
+  constexpr unsigned kKept = Table::kKeptNodes;
+  const uintptr_t spot = uintptr_t{1} << 32;  // far apart: nothing shared below the top nodes
+  // Twice as many removals that could keep their node as there is room for.
+  std::vector<PgtRegion *> pages;
+  for (uintptr_t i = 0; i < 2 * kKept; ++i) {
+    const uintptr_t at = 0x100000000000 + i * spot;
+    this->add(at + 3 * kPage, at + 4 * kPage);
+    pages.push_back(this->add(at, at + kPage));
+  }
+  for (PgtRegion *page : pages) ASSERT_EQ(this->table_.remove(page), MRC_OK);
+  EXPECT_EQ(this->table_.kept_count(), kKept);
+  EXPECT_LE(this->table_.node_count(), this->table_.size() - 1 + kKept * Table::kLevels);
+  EXPECT_TRUE(this->table_.check_invariants());
+  std::set<const void *> before;
+  this->table_.for_each_node([&](const void *node) { before.insert(node); });
+
+  // Removals elsewhere whose node is never wanted again (no insert lands in a kept node, so
+  // keeping does not pay): every kAgeRemovals of them the oldest kept node makes room.
+  std::vector<PgtRegion *> anchors;
+  for (uintptr_t j = 0; j < Table::kAgeRemovals * (kKept + 1); ++j) {
+    const uintptr_t at = 0x200000000000 + j * spot;
+    anchors.push_back(this->add(at + 3 * kPage, at + 4 * kPage));
+  }
+  {
+    EpochGuard guard(this->domain_);  // nothing is recycled: a node seen again is the same node
+    for (PgtRegion *anchor : anchors) {
+      PgtRegion *page = this->add(anchor->start - 3 * kPage, anchor->start - 2 * kPage);
+      ASSERT_EQ(this->table_.remove(page), MRC_OK);
+    }
+    EXPECT_EQ(this->table_.kept_count(), kKept);  // the newest ones
+    EXPECT_TRUE(this->table_.check_invariants());
+    size_t gone = 0;
+    std::set<const void *> after;
+    this->table_.for_each_node([&](const void *node) { after.insert(node); });
+    for (const void *node : before) gone += after.count(node) == 0;
+    EXPECT_GE(gone, kKept) << "the first kept nodes are still in the table";
+  }
+  // And the canonical form is one call away.
+  const size_t regions = this->table_.size();
+  this->table_.settle();
+  EXPECT_EQ(this->table_.kept_count(), 0u);
+  EXPECT_LE(this->table_.node_count(), regions - 1);
+  EXPECT_TRUE(this->table_.check_invariants());
+}
+
+TYPED_TEST(PgtableTest, InsertsIntoKeptNodesPayForEvictions) {
+  using Table = TypeParam;
+  constexpr unsigned kKept = Table::kKeptNodes;
+  const uintptr_t spot = uintptr_t{1} << 32;
+  // kKept spots kept, then a round trip into one of them earns an eviction: the next removal at a
+  // new spot keeps its node at once (without kAgeRemovals removals first).
+  std::vector<PgtRegion *> pages;
+  for (uintptr_t i = 0; i < kKept + 2; ++i) {
+    const uintptr_t at = 0x100000000000 + i * spot;
+    this->add(at + 3 * kPage, at + 4 * kPage);
+    pages.push_back(this->add(at, at + kPage));
+  }
+  for (unsigned i = 0; i < kKept; ++i) ASSERT_EQ(this->table_.remove(pages[i]), MRC_OK);
+  ASSERT_EQ(this->table_.kept_count(), kKept);
+  const size_t canonical_later = this->table_.node_count();
+  ASSERT_EQ(this->table_.remove(pages[kKept]), MRC_OK);  // no credit: collapses
+  EXPECT_EQ(this->table_.node_count(), canonical_later - 1);
+  ASSERT_EQ(this->table_.insert(pages[kKept - 1]), MRC_OK);  // lands in a kept node
+  ASSERT_EQ(this->table_.remove(pages[kKept - 1]), MRC_OK);
+  const size_t nodes = this->table_.node_count();
+  ASSERT_EQ(this->table_.remove(pages[kKept + 1]), MRC_OK);  // kept, the oldest evicted
+  EXPECT_EQ(this->table_.kept_count(), kKept);
+  EXPECT_EQ(this->table_.node_count(), nodes - 1);
+  EXPECT_TRUE(this->table_.check_invariants());
+  // The evicted node was the oldest: its page needs a new node again, the newest does not.
+  ASSERT_EQ(this->table_.insert(pages[kKept + 1]), MRC_OK);
+  EXPECT_EQ(this->table_.node_count(), nodes - 1);
+  ASSERT_EQ(this->table_.insert(pages[0]), MRC_OK);
+  EXPECT_EQ(this->table_.node_count(), nodes);
+  EXPECT_EQ(this->table_.lookup(pages[0]->start), pages[0]);
+  EXPECT_TRUE(this->table_.check_invariants());
 }
 
 TYPED_TEST(PgtableTest, NodesAreReclaimedThroughTheDomain) {

@@ -14,6 +14,8 @@
 // PgtLookupThroughput/...: the same lookups, independent of each other.
 // PgtInsertRemove/<impl>/<layout>/<regions>: insert one region into a gap of the table, remove it.
 // PgtInsertRemoveHuge/<impl>: the same with a 1 TiB region with unaligned ends.
+// PgtInsertRemoveSame/<impl>/<layout>/<regions>: insert and remove one region in the same gap
+//   every time: the cache's miss next to a cached neighbour (ours keeps the node between rounds).
 // PgtLookup/ours-<inner>x<leaf>/...: our table with other node sizes (the fanout, measured);
 //   "ours" is PageTable's shape (128-slot inner nodes, 16-slot leaves).
 // PgtLookup/baseline/...: the same loop with a lookup that returns its argument: the harness's
@@ -342,11 +344,12 @@ void lookup_throughput(benchmark::State &state, const std::string &name, Layout 
 }
 
 template <class Impl>
-void insert_remove(benchmark::State &state, const std::string &name, Layout layout, size_t count) {
+void insert_remove(benchmark::State &state, const std::string &name, Layout layout, size_t count,
+                   bool same_gap = false) {
   Impl &table = built<Impl>(layout, count);
   const std::vector<Range> &gaps = fixture().gaps;
-  std::vector<typename Impl::Region> regions(gaps.size());
-  for (size_t g = 0; g < gaps.size(); ++g) Impl::set(regions[g], gaps[g]);
+  std::vector<typename Impl::Region> regions(same_gap ? 1 : gaps.size());
+  for (size_t g = 0; g < regions.size(); ++g) Impl::set(regions[g], gaps[g]);
   size_t i = 0;
   bool failed = false;
   auto run = [&](size_t n) {
@@ -440,6 +443,10 @@ void register_table(const std::string &prefix, Layout layout, size_t count, bool
     std::string ins = "PgtInsertRemove/" + tail;
     benchmark::RegisterBenchmark(
         ins.c_str(), [=](benchmark::State &s) { insert_remove<Impl>(s, ins, layout, count); });
+    std::string same = "PgtInsertRemoveSame/" + tail;
+    benchmark::RegisterBenchmark(same.c_str(), [=](benchmark::State &s) {
+      insert_remove<Impl>(s, same, layout, count, true);
+    });
   }
 }
 
