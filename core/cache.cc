@@ -951,7 +951,8 @@ Region *Cache::allocate_region_locked() noexcept {
   if (region == nullptr) return new (std::nothrow) Region();
   free_regions_ = region->gc_next;
   --free_count_;
-  return new (region) Region();  // Region is trivially destructible: reuse the storage
+  region->reset();  // Region is trivially destructible: its storage is reused as it is
+  return region;
 }
 
 void Cache::free_region_locked(Region *region) noexcept {
