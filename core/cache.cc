@@ -185,7 +185,7 @@ void Cache::destroy(Cache *cache) noexcept {
   for (Region *region = leftover; region != nullptr; region = region->live_next) {
     ++in_use;
     region->refcount.store(Region::kDead, std::memory_order_relaxed);
-    cache->finish(region);  // links it on finished_; the live list is walked, not changed
+    cache->finish(region);  // marks it kFinished; the live list is walked, not changed
   }
   {
     std::lock_guard lock(cache->mutex_);
@@ -459,7 +459,7 @@ void Cache::remove_locked(Region *region) noexcept {
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
   region->change_flags(Region::kInvalid, Region::kInTable);
-  lru_remove_locked(region);
+  leave_table_locked(region);
   if (registered) {
     --cached_regions_;
     cached_bytes_ -= region->length();
@@ -657,7 +657,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     }
     ++table_entries_;
     live_insert_locked(region);
-    lru_insert_locked(region);
+    ring_insert_locked(lru_hand_, region);
     evict_locked();
     return status;
   }
@@ -694,6 +694,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     ++slow_.uncacheable;
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
                         std::memory_order_relaxed);
+    ring_insert_locked(leaving_, region);
+    ++leaving_count_;
     region->refcount.store(1, std::memory_order_relaxed);
     *out = region;
     return MRC_OK;
@@ -701,35 +703,40 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
   ++table_entries_;
   ++cached_regions_;
   cached_bytes_ += region->length();
-  lru_insert_locked(region);
+  ring_insert_locked(lru_hand_, region);
   evict_locked();
   *out = region;
   return MRC_OK;
 }
 
-void Cache::lru_insert_locked(Region *region) noexcept {
-  if (lru_hand_ == nullptr) {
+void Cache::ring_insert_locked(Region *&head, Region *region) noexcept {
+  if (head == nullptr) {
     region->lru_prev = region->lru_next = region;
-    lru_hand_ = region;
+    head = region;
     return;
   }
-  // Just behind the hand: the last to be considered.
-  region->lru_next = lru_hand_;
-  region->lru_prev = lru_hand_->lru_prev;
-  lru_hand_->lru_prev->lru_next = region;
-  lru_hand_->lru_prev = region;
+  region->lru_next = head;
+  region->lru_prev = head->lru_prev;
+  head->lru_prev->lru_next = region;
+  head->lru_prev = region;
 }
 
-void Cache::lru_remove_locked(Region *region) noexcept {
-  if (region->lru_next == nullptr) return;
+void Cache::ring_remove_locked(Region *&head, Region *region) noexcept {
   if (region->lru_next == region) {
-    lru_hand_ = nullptr;
+    head = nullptr;
   } else {
     region->lru_prev->lru_next = region->lru_next;
     region->lru_next->lru_prev = region->lru_prev;
-    if (lru_hand_ == region) lru_hand_ = region->lru_next;
+    if (head == region) head = region->lru_next;
   }
   region->lru_prev = region->lru_next = nullptr;
+}
+
+// Out of the LRU ring, into the leaving ring, where reap_finished_locked finds it finished.
+void Cache::leave_table_locked(Region *region) noexcept {
+  ring_remove_locked(lru_hand_, region);
+  ring_insert_locked(leaving_, region);
+  ++leaving_count_;
 }
 
 void Cache::live_insert_locked(Region *region) noexcept {
@@ -877,8 +884,8 @@ void Cache::end_registration(Region *region, bool deregister) noexcept {
 }
 
 // The end of a region: its count is zero and it is out of the table, so no one can add a
-// callback any more. Never under mutex_ (the backend may munmap). No lock: the region goes on
-// finished_, and the next holder of mutex_ unlinks and retires it (reap_finished_locked).
+// callback any more. Never under mutex_ (the backend may munmap). No lock: a later holder of
+// mutex_ finds it kFinished in the leaving ring and retires it (reap_finished_locked).
 void Cache::finish(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   const bool forgotten = (flags & Region::kForgotten) != 0;
@@ -893,23 +900,24 @@ void Cache::finish(Region *region) noexcept {
   region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
-  Region *head = finished_.load(std::memory_order_relaxed);
-  do {
-    region->gc_next = head;
-  } while (!finished_.compare_exchange_weak(head, region, std::memory_order_release,
-                                            std::memory_order_relaxed));
+  region->change_flags(Region::kFinished);  // the last write: a reaper may retire it now
 }
 
-// Every region finished since the last call leaves the live list and goes to the epoch domain
-// (in batches), which recycles its memory once no fast-path reader can still hold it.
+// Every finished region leaves the leaving ring and the live list and goes to the epoch domain
+// (in batches), which recycles its memory once no fast-path reader can still hold it. The walk
+// is as long as the ring: regions out of the table and still held, or finished since the last
+// reap.
 void Cache::reap_finished_locked() noexcept {
-  if (finished_.load(std::memory_order_relaxed) == nullptr) return;
-  Region *region = finished_.exchange(nullptr, std::memory_order_acquire);
-  while (region != nullptr) {
-    Region *next = region->gc_next;
-    unlink_live_locked(region);
-    if (retiring_count_ == kRetireBatch) retire_batch_locked();
-    retiring_[retiring_count_++] = region;
+  Region *region = leaving_;
+  for (size_t count = leaving_count_; count != 0; --count) {
+    Region *next = region->lru_next;
+    if (region->has(Region::kFinished)) {  // acquire: the finisher's writes are visible
+      ring_remove_locked(leaving_, region);
+      --leaving_count_;
+      unlink_live_locked(region);
+      if (retiring_count_ == kRetireBatch) retire_batch_locked();
+      retiring_[retiring_count_++] = region;
+    }
     region = next;
   }
 }
