@@ -1017,8 +1017,9 @@ void Consumer::unwatch(uintptr_t start, size_t length) {
   unwatch_many(&range, 1);
 }
 
-// Lock-free for every range whose piece keeps a watch after it; the rest (last watches, which
-// may leave a mapping idle) under one acquisition of the registry mutex per 64 ranges.
+// Lock-free for every range whose piece keeps a watch after it (a run of equal ranges in one
+// step); the rest (last watches, which may leave a mapping idle) under one acquisition of the
+// registry mutex per 64 ranges.
 void Consumer::unwatch_many(const Range *ranges, size_t count) {
   constexpr size_t kChunk = 64;
   for (size_t base = 0; base < count; base += kChunk) {
@@ -1026,13 +1027,22 @@ void Consumer::unwatch_many(const Range *ranges, size_t count) {
     uint64_t locked = 0;  // bit i: ranges[base + i] needs the mutex
     {
       EpochGuard guard;
-      for (size_t i = 0; i < chunk; ++i) {
+      for (size_t i = 0; i < chunk;) {
+        const Range &range = ranges[base + i];
+        size_t run = 1;
+        while (i + run < chunk && ranges[base + i + run].start == range.start &&
+               ranges[base + i + run].length == range.length) {
+          ++run;
+        }
         uintptr_t lo;
         uintptr_t hi;
-        if (!page_range(ranges[base + i].start, ranges[base + i].length, &lo, &hi, nullptr, 0)) {
-          continue;
+        if (page_range(range.start, range.length, &lo, &hi, nullptr, 0)) {
+          // The run's last ranges are the ones left for the mutex.
+          for (size_t j = g.watches.try_unwatch_fast(lo, hi, run); j < run; ++j) {
+            locked |= uint64_t{1} << (i + j);
+          }
         }
-        if (!g.watches.try_unwatch_fast(lo, hi)) locked |= uint64_t{1} << i;
+        i += run;
       }
     }
     if (locked == 0) continue;

@@ -568,18 +568,20 @@ bool WatchSet::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
   return true;
 }
 
-bool WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept {
+size_t WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end, size_t count) const noexcept {
   const Snapshot *snapshot = published_.load(std::memory_order_acquire);
-  if (snapshot == nullptr) return false;
+  if (snapshot == nullptr) return 0;
   const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
-  if (piece == nullptr) return false;
+  if (piece == nullptr) return 0;
   std::atomic<uint64_t> &watches = piece->count->watches;
   uint64_t seen = watches.load(std::memory_order_relaxed);
+  uint64_t dropped = 0;
   do {
-    if (seen < 2) return false;  // the last watch (or a dropped table): the mutex decides
-  } while (!watches.compare_exchange_weak(seen, seen - 1, std::memory_order_relaxed,
+    if (seen < 2) return 0;  // the last watch (or a dropped table): the mutex decides
+    dropped = std::min<uint64_t>(count, seen - 1);
+  } while (!watches.compare_exchange_weak(seen, seen - dropped, std::memory_order_relaxed,
                                           std::memory_order_relaxed));
-  return true;
+  return dropped;
 }
 
 void WatchSet::publish() noexcept {

@@ -132,12 +132,14 @@ class WatchSet {
 
   // Lock-free, any thread, inside an EpochGuard of epoch_domain(). REQUIRES: start < end, both
   // page-aligned. try_watch_fast counts a watch of [start, end) when one registered entry and
-  // one piece that already counts a watch cover it; try_unwatch_fast drops one when one piece
-  // covers it and keeps a watch after. false: nothing changed, take the mutex and call
-  // watch() / unwatch(). REQUIRES for try_watch_fast: the caller saw the monitor's internal
-  // consumer quiescent() after entering the guard (see SYNCHRONIZATION).
+  // one piece that already counts a watch cover it; try_unwatch_fast drops up to `count` watches
+  // of it in one step when one piece covers it, keeping at least one, and returns how many it
+  // dropped. false / fewer than asked: take the mutex and call watch() / unwatch() for the rest.
+  // REQUIRES for try_watch_fast: the caller saw the monitor's internal consumer quiescent() after
+  // entering the guard (see SYNCHRONIZATION).
   [[nodiscard]] bool try_watch_fast(uintptr_t start, uintptr_t end) const noexcept;
-  [[nodiscard]] bool try_unwatch_fast(uintptr_t start, uintptr_t end) const noexcept;
+  [[nodiscard]] size_t try_unwatch_fast(uintptr_t start, uintptr_t end,
+                                        size_t count = 1) const noexcept;
   // Makes the fast path see the table's pieces and entries (when it gained some or forgot some
   // since the last call; see SYNCHRONIZATION for what a snapshot may still show). Without memory
   // for a snapshot the fast path stays off until a later call succeeds.

@@ -230,6 +230,26 @@ TEST_F(Watch, WatchesThatOnlyCountTakeNoLock) {
   unmap_alone(p, 16 * page);
 }
 
+// A run of equal ranges (a cache retiring regions of one buffer) is dropped in one step, never
+// past the last watch: that one is left to the mutex, counted exactly.
+TEST_F(Watch, ARunOfEqualUnwatchesDropsTogetherDownToTheLastWatch) {
+  restart(/*idle=*/0);
+  const size_t page = page_size();
+  char *p = map_alone(16 * page);
+  for (int i = 0; i < 5; ++i) watch(p, page);
+  const Consumer::Range run[] = {{u(p), page}, {u(p), page}, {u(p), page}, {u(p), page}};
+  EXPECT_TRUE(finishes_while_registry_locked([&] { consumer_->unwatch_many(run, 4); }, kPatience));
+  EXPECT_TRUE(registered_with_uffd(u(p + 12 * page))) << "one watch is left";
+  consumer_->unwatch_many(run, 1);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  // A run as long as the watches: all but the last without the lock, the last with it.
+  for (int i = 0; i < 3; ++i) watch(p, page);
+  consumer_->unwatch_many(run, 3);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  EXPECT_FALSE(registered_with_uffd(u(p + 12 * page)));
+  unmap_alone(p, 16 * page);
+}
+
 // The calls that change more than a count wait for the mutex: a mapping's first watch and its
 // last unwatch (which may let the mapping go). Also shows that the helper above can fail.
 TEST_F(Watch, FirstAndLastWatchesTakeTheLock) {
