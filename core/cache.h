@@ -18,10 +18,11 @@
 // - A region that leaves the table (or was never in it: uncached) joins the leaving ring
 //   (mutex_). The last put finishes it without any lock (deregistration, callbacks) and marks it
 //   kFinished (release store; the finisher's last write to it); a later holder of mutex_ finds
-//   it in the leaving ring (acquire load), unlinks it from the ring and the live list and
-//   retires it, unwatching its range and handing it to the epoch domain in batches. Region memory
-//   is recycled (pool) or freed only through the epoch domain, so a fast-path reader holding a
-//   stale pointer never touches reused memory.
+//   it in the leaving ring (acquire load; the walk is as long as the ring: regions out of the
+//   table and still held, or finished since the last reap), unlinks it from the ring and the
+//   live list and retires it, unwatching its range and handing it to the epoch domain in batches.
+//   Region memory is recycled (pool) or freed only through the epoch domain, so a fast-path reader
+//   holding a stale pointer never touches reused memory.
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
@@ -178,8 +179,8 @@ static_assert(sizeof(Region) == 17 * sizeof(void *),
               "a field was added: reset it in Region::reset()");
 
 // One thread's parked references in one cache (see SYNCHRONIZATION). `parked` is written by the
-// owning thread with plain stores inside a guard and by the mutex_ holder with a CAS; the rest
-// only by the owner.
+// owning thread with plain stores, inside a guard or (as the mutex_ holder) under mutex_, and by
+// another mutex_ holder with a CAS; the rest only by the owner.
 struct alignas(64) ParkingLine {
   static constexpr size_t kSlots = 4;
   std::atomic<Region *> parked[kSlots] = {};
@@ -214,7 +215,8 @@ class Cache {
   ~Cache();
 
   bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
-  // Parks the caller's reference to region in line; false when the caller must release it.
+  // Parks the caller's reference to region in the line of slot `owner` (the caller's); false
+  // when the caller must release it.
   bool park(unsigned owner, Region *region) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   void promote(Region *region) noexcept;
@@ -242,7 +244,7 @@ class Cache {
   void unpark_locked(Region *region) noexcept;
   void reclaim_parked_locked() noexcept;
   // Clears kParkable on every cached region and reclaims what was parked (eviction needs the
-  // regions no one really uses). Returns whether anything was parked.
+  // regions no one really uses). Returns whether any region was parkable.
   bool unpark_all_locked() noexcept;
   void live_insert_locked(Region *region) noexcept;
 
