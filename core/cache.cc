@@ -382,7 +382,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
     std::lock_guard lock(mutex_);
     ++slow_.gets_slow;
     // Finished regions wait a few slow paths (deregistered already; only their memory and their
-    // watches wait): one exchange then takes them all.
+    // watches wait): one walk of the leaving ring then takes them all.
     if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
