@@ -229,10 +229,7 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
   end &= ~(align - 1);
 
-  if (get_fast(address, request_end, prot, out)) {
-    hot_.add(Counter::HitsFast);
-    return MRC_OK;
-  }
+  if (get_fast(address, request_end, prot, out)) return MRC_OK;
   return get_slow(start, end, prot, out);
 }
 
@@ -281,6 +278,7 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
   if (!taken_back && line != nullptr && !Region::parks_for(flags, thread.index)) {
     count_streak(*line, region);
   }
+  hot_.add(thread, Counter::HitsFast);
   *out = region;
   return true;
 }
@@ -315,8 +313,8 @@ void Cache::put(Region *region) noexcept {
     MRC_LOG_ERROR("cache {}: mrc_put of a region of cache {} ignored", name_, region->cache->name_);
     return;
   }
-  hot_.add(Counter::Puts);
   const ThreadSlot &thread = this_thread_slot();
+  hot_.add(thread, Counter::Puts);
   if (thread.exclusive && park(thread.index, region)) return;
   release(region);
 }

@@ -47,7 +47,10 @@ class ShardedCounters {
   static constexpr unsigned kSlots = 128;
 
   void add(Counter counter, uint64_t value = 1) noexcept {
-    const ThreadSlot &slot = this_thread_slot();
+    add(this_thread_slot(), counter, value);
+  }
+  // For a caller that already holds this thread's slot (the hit path).
+  void add(const ThreadSlot &slot, Counter counter, uint64_t value = 1) noexcept {
     std::atomic<uint64_t> &cell = shards_[slot.index].values[static_cast<unsigned>(counter)];
     if (slot.exclusive) {
       cell.store(cell.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
