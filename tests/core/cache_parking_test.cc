@@ -86,6 +86,11 @@ class CacheParking : public mrc::test::CacheFixture {
     }
     ASSERT_EQ(create(backend.params("parking")), MRC_OK);
   }
+  // mrc_invalidate with a done callback that counts its runs in *done.
+  mrc_status_t invalidate_counting(mrc_region_t *region, std::atomic<int> *done) {
+    return mrc_invalidate(
+        cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, done);
+  }
   // Gets and puts address kHotHits times; returns the region (not held).
   mrc_region_t *heat(char *address) {
     mrc_region_t *region = nullptr;
@@ -129,13 +134,11 @@ TEST_F(CacheParking, InvalidatingARegionParkedByAnExitedThreadRunsDoneAtOnce) {
   mrc_region_t *region = nullptr;
   ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
   ASSERT_TRUE(parkable(region));
-  int done = 0;
-  ASSERT_EQ(mrc_invalidate(
-                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
-            MRC_OK);
-  EXPECT_EQ(done, 0) << "still held by this thread";
+  std::atomic<int> done{0};
+  ASSERT_EQ(invalidate_counting(region, &done), MRC_OK);
+  EXPECT_EQ(done.load(), 0) << "still held by this thread";
   mrc_put(cache, region);
-  EXPECT_EQ(done, 1) << "the exited thread's parked reference was taken back";
+  EXPECT_EQ(done.load(), 1) << "the exited thread's parked reference was taken back";
   EXPECT_EQ(backend.live_count(), 0u);
   munmap(p, kPage);
 }
@@ -250,11 +253,9 @@ TEST_F(CacheParking, ASecondHotThreadSharesTheRegion) {
   std::thread hot([&] { heat(p); });
   hot.join();
   EXPECT_EQ(references(region), 3u) << "the second hot thread parks too";
-  int done = 0;
-  ASSERT_EQ(mrc_invalidate(
-                cache, region, [](void *arg) { ++*static_cast<int *>(arg); }, &done),
-            MRC_OK);
-  EXPECT_EQ(done, 1) << "both lines' references were taken back";
+  std::atomic<int> done{0};
+  ASSERT_EQ(invalidate_counting(region, &done), MRC_OK);
+  EXPECT_EQ(done.load(), 1) << "both lines' references were taken back";
   munmap(p, kPage);
 }
 
@@ -267,9 +268,7 @@ TEST_F(CacheParking, TheOwnersInvalidationDoesNotWaitForReaders) {
   std::thread runner;
   const bool finished = finishes_within(std::chrono::seconds(10), runner, [&] {
     mrc_region_t *region = heat(p);  // parked in the runner's line: the runner owns it
-    EXPECT_EQ(mrc_invalidate(
-                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
-              MRC_OK);
+    EXPECT_EQ(invalidate_counting(region, &done), MRC_OK);
   });
   EXPECT_TRUE(finished) << "the owner waited for a reader";
   reader.release();  // lets a regressed runner finish
@@ -289,9 +288,7 @@ TEST_F(CacheParking, AnotherThreadsInvalidationWaitsForReaders) {
   ReaderInside reader;
   std::thread runner;
   EXPECT_FALSE(finishes_within(std::chrono::milliseconds(100), runner, [&] {
-    EXPECT_EQ(mrc_invalidate(
-                  cache, region, [](void *arg) { ++*static_cast<std::atomic<int> *>(arg); }, &done),
-              MRC_OK);
+    EXPECT_EQ(invalidate_counting(region, &done), MRC_OK);
   })) << "reclaimed a parked reference while a reader could still take it back";
   reader.release();
   runner.join();
