@@ -475,8 +475,11 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       // the first load waits for one shift of the address only (unsigned arithmetic: the bias may
       // wrap, the sum does not).
       const unsigned root_shift = slot_shift(level);
-      const uintptr_t root_bias =
+      uintptr_t root_bias =
           node + kSlotsOffset - ((header >> root_shift) << std::countr_zero(sizeof(uintptr_t)));
+      // Opaque: the compiler would otherwise add the address's part first and subtract the
+      // header's after it (three more steps between the address and the first load).
+      __asm__("" : "+r"(root_bias));
       entry = reinterpret_cast<const std::atomic<uintptr_t> *>(root_bias + (address >> root_shift) *
                                                                                sizeof(uintptr_t))
                   ->load(std::memory_order_acquire);
