@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <iterator>
 #include <new>
 
@@ -39,6 +40,9 @@ MRC_TABLE MRC_SELF::RadixPageTable(EpochDomain &domain) noexcept
 // something need clearing: all 16 of a leaf, the occupied ones of an inner node. Under
 // ThreadSanitizer the whole node is re-created with plain stores instead, so that reusing a node
 // under a live reader would be reported as a data race.
+// No reader is left (see the contract): the window goes at once; the pool unmaps the nodes.
+MRC_TABLE MRC_SELF::~RadixPageTable() { std::free(window_.load(std::memory_order_relaxed)); }
+
 MRC_TABLE typename MRC_SELF::LeafNode *MRC_SELF::new_leaf() noexcept {
   void *memory = pool_.allocate(kLeafClass);
   if (memory == nullptr) return nullptr;
@@ -80,13 +84,17 @@ MRC_TABLE void MRC_SELF::set_root(uintptr_t entry) noexcept {
   root_.store(entry, std::memory_order_release);
   // Only a hint for lookup(), which checks it against the header: relaxed is enough.
   if (is_node(entry)) root_level_.store(node_of(entry).level, std::memory_order_relaxed);
+  // The window mirrors one root node and goes with it; refresh_window() looks at the new root.
+  if (window_root_ != 0 && pointer_of(entry) != window_root_) replace_window(nullptr);
+  window_check_ = true;
 }
 
 // Every writer store into a node goes through here, to keep the inner nodes' counts. Release: a
 // node stored here is complete before a reader can reach it (for a node still private the ordering
 // is not needed, and on x86 costs nothing).
-MRC_TABLE inline void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t old,
-                                         uintptr_t updated) noexcept {
+MRC_TABLE [[gnu::always_inline]] inline void MRC_SELF::set_slot(NodeRef node, unsigned index,
+                                                                uintptr_t old,
+                                                                uintptr_t updated) noexcept {
   if (node.is_inner()) {
     InnerNode *inner = node.inner();
     const uint64_t bit = uint64_t{1} << (index % 64);
@@ -95,6 +103,37 @@ MRC_TABLE inline void MRC_SELF::set_slot(NodeRef node, unsigned index, uintptr_t
     inner->children = static_cast<uint16_t>(inner->children + is_node(updated) - is_node(old));
   }
   node.slot(index).store(updated, std::memory_order_release);
+  if (window_root_ != 0 || node.level == kWindowLevel) window_follow(node, index, updated);
+}
+
+// set_slot()'s part for the window: the same change in the window (a level-1 slot it covers, or a
+// root slot's block spelled out anew), and whether the root's slots changed (refresh_window()
+// decides then whether there is a window). A level-1 node below another root is private still (a
+// root being built): not in the window; a root slot outside it is left to refresh_window().
+MRC_TABLE void MRC_SELF::window_follow(NodeRef node, unsigned index, uintptr_t updated) noexcept {
+  const bool root =
+      node.level == kWindowLevel && node.ptr == pointer_of(root_.load(std::memory_order_relaxed));
+  window_check_ = window_check_ || root;
+  if (window_root_ == 0) return;
+  if (node.level == 1 && !node.flat) {
+    const uintptr_t at = (node.base() >> slot_shift(1)) + index - window_first_;
+    if (at < window_count_) {
+      reinterpret_cast<std::atomic<uintptr_t> *>(window_bias_ +
+                                                 (at + window_first_) * sizeof(uintptr_t))
+          ->store(updated, std::memory_order_release);
+    }
+    return;
+  }
+  if (node.ptr != window_root_ || index < window_lo_ || index >= window_hi_) return;
+  auto *slots = reinterpret_cast<std::atomic<uintptr_t> *>(
+      window_bias_ +
+      (window_first_ + uintptr_t{index - window_lo_} * kInnerFanout) * sizeof(uintptr_t));
+  spell_out(updated, node.base() + (uintptr_t{index} << slot_shift(kWindowLevel)),
+            [slots](unsigned i, uintptr_t entry) {
+              if (slots[i].load(std::memory_order_relaxed) != entry) {
+                slots[i].store(entry, std::memory_order_release);
+              }
+            });
 }
 
 MRC_TABLE inline void MRC_SELF::store(const SlotRef &at, uintptr_t old,
@@ -291,7 +330,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
       set_slot(node, hinted, 0, reinterpret_cast<uintptr_t>(region));
       size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       if (keep_credit_ < kKeptNodes) ++keep_credit_;
-      return MRC_OK;
+      return changed(MRC_OK);
     }
   }
 
@@ -329,7 +368,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     store(at, 0, reinterpret_cast<uintptr_t>(region));
     size_.store(size_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (kFlats && at.owner.flat) update_leafy(at.owner, at.index / kLeafFanout);
-    return MRC_OK;
+    return changed(MRC_OK);
   }
   if (!is_node(entry)) {
     const mrc_status_t status = insert_beside(at, region_of(entry), region);
@@ -338,7 +377,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
         at.owner.inner()->children >= kFlatFrom) {
       flatten({above, above_index, above.slot_level(), 0}, at.owner);
     }
-    return status;
+    return changed(status);
   }
 
   const NodeCount needed = count_new_nodes(entry, at.level, at.block, region);
@@ -378,7 +417,7 @@ MRC_TABLE mrc_status_t MRC_SELF::insert(PgtRegion *region) noexcept {
     refresh_flat(start);
     refresh_flat(end - 1);
   }
-  return MRC_OK;
+  return changed(MRC_OK);
 }
 
 // insert() where the slot `at` holds one region, other, and region lies inside the slot's block:
@@ -594,7 +633,7 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
       if (another) {
         set_slot(node, hinted, reinterpret_cast<uintptr_t>(region), 0);
         size_.store(size_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        return MRC_OK;
+        return changed(MRC_OK);
       }
     }
   }
@@ -650,7 +689,7 @@ MRC_TABLE mrc_status_t MRC_SELF::remove(PgtRegion *region) noexcept {
   if (unlinked.evict_ptr != 0) {
     settle_node(unlinked.evict_ptr, unlinked.evict_base, unlinked.evict_level);
   }
-  return MRC_OK;
+  return changed(MRC_OK);
 }
 
 // The slot path[depth] now holds `updated`: stores it, and every replacement of a node above that
@@ -805,6 +844,7 @@ MRC_TABLE void MRC_SELF::settle() noexcept {
     refilter();
     settle_node(node, header & ~kLevelMask, level_in(header));
   }
+  changed(MRC_OK);
 }
 
 // ---- flat nodes ---------------------------------------------------------------------------------
@@ -973,6 +1013,115 @@ MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept
                std::memory_order_relaxed);
 }
 
+// ---- the root window
+// -----------------------------------------------------------------------------
+
+// Calls fn(i, entry) for each level-1 slot i of the block a root slot covers, with what that slot
+// would hold were the root slot's entry a level-1 node: the entry's slots, the slots a region
+// intersects, a leaf below skipped levels in its block's slot, or the groups of a flat node's page
+// slots, each read as a leaf's slots (the group's address less the header, tagged as a node).
+MRC_TABLE template <class Fn>
+void MRC_SELF::spell_out(uintptr_t entry, uintptr_t block, Fn &&fn) {
+  if (!is_node(entry)) {
+    for (unsigned i = 0; i < kInnerFanout; ++i) {
+      fn(i,
+         entry == 0 ? 0 : entry_for(region_of(entry), block + (uintptr_t{i} << slot_shift(1)), 1));
+    }
+    return;
+  }
+  const NodeRef node = node_of(entry);
+  if (node.flat) {
+    for (unsigned i = 0; i < kInnerFanout; ++i) {
+      fn(i, node.ptr + uintptr_t{i} * kLeafFanout * sizeof(uintptr_t) + kNodeTag);
+    }
+    return;
+  }
+  if (node.level == 1) {
+    for (unsigned i = 0; i < kInnerFanout; ++i) fn(i, node.slot(i).load(std::memory_order_relaxed));
+    return;
+  }
+  MRC_DASSERT(node.level == 0);
+  const uintptr_t at = (node.base() - block) >> slot_shift(1);
+  for (unsigned i = 0; i < kInnerFanout; ++i) fn(i, i == at ? node_entry(node, 1) : 0);
+}
+
+// Fits the window to the root after a change of the root or of a level-2 slot: kept while it
+// covers the root's occupied slots and at least a quarter of those it covers hold a node (a
+// level-1 node, a flat node or a leaf), else rebuilt if at least half of the occupied span holds
+// one, else dropped.
+MRC_TABLE void MRC_SELF::refresh_window() noexcept {
+  window_check_ = false;
+  const uintptr_t root = root_.load(std::memory_order_relaxed);
+  if (!is_node(root) || is_flat(root) || node_of(root).level != kWindowLevel) {
+    replace_window(nullptr);
+    return;
+  }
+  const NodeRef node = node_of(root);
+  const InnerNode *inner = node.inner();
+  unsigned lo = kInnerFanout, hi = 0;
+  for (unsigned w = 0; w < std::size(inner->occupied); ++w) {
+    const uint64_t word = inner->occupied[w];
+    if (word == 0) continue;
+    lo = std::min(lo, 64 * w + static_cast<unsigned>(std::countr_zero(word)));
+    hi = 64 * w + 64 - static_cast<unsigned>(std::countl_zero(word));
+  }
+  const unsigned children = inner->children;
+  if (window_root_ == node.ptr && lo >= window_lo_ && hi <= window_hi_ &&
+      window_hi_ - window_lo_ <= 4 * children) {
+    return;
+  }
+  if (children == 0 || hi - lo > 2 * children) {
+    replace_window(nullptr);
+    return;
+  }
+  build_window(node, lo, hi);
+}
+
+// A window for root slots [lo, hi), filled from the tree while private, then published.
+MRC_TABLE void MRC_SELF::build_window(NodeRef root, unsigned lo, unsigned hi) noexcept {
+  const size_t count = size_t{hi - lo} * kInnerFanout;
+  const size_t bytes = (sizeof(Window) + count * sizeof(uintptr_t) + 63) & ~size_t{63};
+  void *memory = std::aligned_alloc(alignof(Window), bytes);
+  if (memory == nullptr) {  // lookups go through the root instead
+    replace_window(nullptr);
+    return;
+  }
+  Window *window = new (memory) Window{};
+  window->first = (root.base() >> slot_shift(1)) + uintptr_t{lo} * kInnerFanout;
+  window->count = count;
+  window->bytes = bytes;
+  window->bias = reinterpret_cast<uintptr_t>(window->slots()) - window->first * sizeof(uintptr_t);
+  for (unsigned b = lo; b < hi; ++b) {
+    std::atomic<uintptr_t> *slots = window->slots() + size_t{b - lo} * kInnerFanout;
+    spell_out(
+        root.slot(b).load(std::memory_order_relaxed),
+        root.base() + (uintptr_t{b} << slot_shift(kWindowLevel)),
+        [slots](unsigned i, uintptr_t entry) { new (&slots[i]) std::atomic<uintptr_t>(entry); });
+  }
+  replace_window(window);
+  window_root_ = root.ptr;
+  window_lo_ = lo;
+  window_hi_ = hi;
+  window_first_ = window->first;
+  window_count_ = window->count;
+  window_bias_ = window->bias;
+}
+
+// Publishes window (or none) in place of the current one, which readers may still hold: retired.
+MRC_TABLE void MRC_SELF::replace_window(Window *window) noexcept {
+  Window *old = window_.load(std::memory_order_relaxed);
+  window_root_ = 0;
+  if (old == nullptr && window == nullptr) return;
+  window_.store(window, std::memory_order_release);
+  size_t bytes = bytes_.load(std::memory_order_relaxed);
+  if (window != nullptr) bytes += window->bytes;
+  if (old != nullptr) {
+    bytes -= old->bytes;
+    domain_.retire(old, [](void *object) { std::free(object); });
+  }
+  bytes_.store(bytes, std::memory_order_relaxed);
+}
+
 // ---- invariants (tests) -------------------------------------------------------------------------
 
 MRC_TABLE bool MRC_SELF::check_entry(uintptr_t entry, unsigned level, uintptr_t block,
@@ -1058,9 +1207,51 @@ MRC_TABLE bool MRC_SELF::check_invariants() const noexcept {
   // Every kept node is in the table (a node is forgotten when unlinked).
   size_t kept = 0;
   for (const uintptr_t node : kept_) kept += node != 0;
+  const Window *window = window_.load(std::memory_order_relaxed);
+  const size_t window_bytes = window == nullptr ? 0 : window->bytes;
   return census.covered == census.region_bytes && census.nodes == node_count() &&
-         census.bytes == memory_bytes() && census.regions == size() && kept == kept_count_ &&
-         census.kept == kept_count_;
+         census.bytes + window_bytes == memory_bytes() && census.regions == size() &&
+         kept == kept_count_ && census.kept == kept_count_ && check_window();
+}
+
+// The window exists when refresh_window() wants one (allocation failures aside), covers the root's
+// occupied slots, and holds what the tree spells out, slot by slot.
+MRC_TABLE bool MRC_SELF::check_window() const noexcept {
+  const Window *window = window_.load(std::memory_order_relaxed);
+  if ((window == nullptr) != (window_root_ == 0)) return false;
+  const uintptr_t root = root_.load(std::memory_order_relaxed);
+  if (!is_node(root) || is_flat(root) || node_of(root).level != kWindowLevel) {
+    return window == nullptr;
+  }
+  const NodeRef node = node_of(root);
+  const InnerNode *inner = node.inner();
+  unsigned lo = kInnerFanout, hi = 0;
+  for (unsigned i = 0; i < kInnerFanout; ++i) {
+    if (node.slot(i).load(std::memory_order_relaxed) == 0) continue;
+    lo = std::min(lo, i);
+    hi = i + 1;
+  }
+  const unsigned children = inner->children;
+  if (window == nullptr) return children == 0 || hi - lo > 2 * children;
+  if (window_root_ != node.ptr || lo < window_lo_ || hi > window_hi_ ||
+      window_hi_ - window_lo_ > 4 * children) {
+    return false;
+  }
+  const uintptr_t first = (node.base() >> slot_shift(1)) + uintptr_t{window_lo_} * kInnerFanout;
+  if (window->first != first || window->count != size_t{window_hi_ - window_lo_} * kInnerFanout ||
+      window->bias + first * sizeof(uintptr_t) != reinterpret_cast<uintptr_t>(window->slots())) {
+    return false;
+  }
+  bool same = true;
+  for (unsigned b = window_lo_; b < window_hi_; ++b) {
+    const std::atomic<uintptr_t> *slots = window->slots() + size_t{b - window_lo_} * kInnerFanout;
+    spell_out(node.slot(b).load(std::memory_order_relaxed),
+              node.base() + (uintptr_t{b} << slot_shift(kWindowLevel)),
+              [&](unsigned i, uintptr_t entry) {
+                same = same && slots[i].load(std::memory_order_relaxed) == entry;
+              });
+  }
+  return same;
 }
 
 #undef MRC_TABLE

@@ -39,6 +39,17 @@
 //   in slots wider than a page (a region found in a page's slot covers the page, and its line is
 //   not read). A skipped level is the predicted-not-taken case, and a hint predicts the root's
 //   level.
+// - Root window: when the root is an inner node at level 2 (every region inside one block of
+//   kInnerFanout^2 leaves: 1 GiB for PageTable) and the blocks its slots cover are mostly split
+//   into level-1 nodes, the level-1 slots of those blocks are also laid out as one array, the
+//   window (the nodes' slots side by side, a slot of the root that holds a region or a flat node
+//   spelled out as level-1 slots). lookup() then starts at the window, indexed by the address
+//   alone: one dependent load less than through the root. The window mirrors the tree (the
+//   writer stores every change of a level-1 node's slot or a root slot in both, before retiring
+//   anything the old value pointed to); it is rebuilt when the root's occupied slots outgrow it,
+//   and dropped when the root changes or its slots thin out. It covers the root's occupied slots
+//   only, and exists only while they are at least half level-1 nodes, so it costs at most twice
+//   the level-1 nodes' bytes.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
@@ -57,7 +68,8 @@
 //     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
 //     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
 //     node's occupancy bitmap and child count, the kept nodes and the hint to the last one used,
-//     and the node pool, are the writer's alone;
+//     the window's bookkeeping (window_root_ and the root slots it covers), and the node pool,
+//     are the writer's alone;
 //     readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
 //     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
@@ -77,6 +89,12 @@
 //     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
 //     region that does not contain the address (it checks the bounds of every region it finds in
 //     a slot wider than a page; a page slot only ever holds a region covering that page).
+//   Window: published with a release store into window_ (complete, filled from the tree), kept
+//     equal to the tree slot by slot, replaced or dropped (window_ set to another window or null)
+//     and then retired to the EpochDomain. A reader that loaded an old window may read slots the
+//     writer no longer updates: it started before the change that made them stale, so either
+//     answer is allowed, and every node they point to was retired after the reader's guard began
+//     (it waits for the reader).
 //   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
 //     it to the pool, which hands it out again only after a grace period of the EpochDomain:
 //     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
@@ -145,7 +163,7 @@ class RadixPageTable {
 
   explicit RadixPageTable(EpochDomain &domain = epoch_domain()) noexcept;
   // REQUIRES: no reader is inside a lookup. Releases the nodes; the regions stay the caller's.
-  ~RadixPageTable() = default;
+  ~RadixPageTable();
   RadixPageTable(const RadixPageTable &) = delete;
   RadixPageTable &operator=(const RadixPageTable &) = delete;
 
@@ -186,6 +204,11 @@ class RadixPageTable {
   size_t kept_count() const noexcept { return kept_count_; }
   // Writer: collapses every kept node, leaving the canonical form.
   void settle() noexcept;
+  // Writer: level-1 slots in the root window (0: no window), for tests and statistics.
+  size_t window_slots() const noexcept {
+    const Window *window = window_.load(std::memory_order_relaxed);
+    return window == nullptr ? 0 : window->count;
+  }
 
   // Writer, for tests: checks the canonical form, the headers and the counters. False on any
   // breach.
@@ -215,6 +238,20 @@ class RadixPageTable {
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
   static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
+  // The root's level when it has a window (see the shape notes), and the window's layout: a
+  // header, then count level-1 slots (the blocks from first << slot_shift(1) on).
+  static constexpr unsigned kWindowLevel = 2;
+  static_assert(kLevels > kWindowLevel);
+  struct alignas(64) Window {
+    uintptr_t bias;   // the slots' address minus first slots: lookup()'s base
+    uintptr_t first;  // the first slot's block number (its address >> slot_shift(1))
+    uintptr_t count;
+    size_t bytes;  // allocated
+    std::atomic<uintptr_t> *slots() { return reinterpret_cast<std::atomic<uintptr_t> *>(this + 1); }
+    const std::atomic<uintptr_t> *slots() const {
+      return reinterpret_cast<const std::atomic<uintptr_t> *>(this + 1);
+    }
+  };
 
   // Header first, then the slots at the same offset in both kinds, so that a slot's address does
   // not depend on the kind of node. 8-aligned, sized exactly (the pool carves them back to back).
@@ -337,6 +374,12 @@ class RadixPageTable {
   }
   // Bounds every address passes: where a region needs no check.
   static constexpr PgtRegion kEverywhere{0, ~uintptr_t{0}};
+  // lookup()'s last steps: from the entry of a level-1 slot to the result (and the region whose
+  // bounds it must pass), and that check.
+  [[gnu::always_inline]] uintptr_t below_level1(uintptr_t entry, uintptr_t address,
+                                                uintptr_t &bounds) const noexcept;
+  [[gnu::always_inline]] static PgtRegion *checked(uintptr_t entry, uintptr_t bounds,
+                                                   uintptr_t address) noexcept;
   // Slot index of the node an untagged node entry (node + kNodeTag) points to.
   [[gnu::always_inline]] static const std::atomic<uintptr_t> &linked_slot(uintptr_t link,
                                                                           uintptr_t index) {
@@ -371,6 +414,18 @@ class RadixPageTable {
   static NodeRef place(uintptr_t entry, unsigned slot_level, uintptr_t address,
                        uintptr_t &base) noexcept;
   void set_root(uintptr_t entry) noexcept;
+  void window_follow(NodeRef node, unsigned index, uintptr_t updated) noexcept;
+  template <class Fn>
+  static void spell_out(uintptr_t entry, uintptr_t block, Fn &&fn);
+  // The end of a change: the window fitted to the root if the root or its slots changed.
+  mrc_status_t changed(mrc_status_t status) noexcept {
+    if (window_check_) refresh_window();
+    return status;
+  }
+  void refresh_window() noexcept;
+  void build_window(NodeRef root, unsigned lo, unsigned hi) noexcept;
+  void replace_window(Window *window) noexcept;
+  bool check_window() const noexcept;
 
   template <class Visit>
   static bool walk_range(uintptr_t entry, uintptr_t &cursor, uintptr_t to, Visit &visit);
@@ -379,7 +434,7 @@ class RadixPageTable {
   template <class Fn>
   static void nodes_below(uintptr_t entry, Fn &fn);
 
-  static void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
+  void set_slot(NodeRef node, unsigned index, uintptr_t old, uintptr_t updated) noexcept;
   void store(const SlotRef &at, uintptr_t old, uintptr_t updated) noexcept;
   NodeCount count_new_nodes(uintptr_t entry, unsigned level, uintptr_t block,
                             const PgtRegion *region) const noexcept;
@@ -418,7 +473,8 @@ class RadixPageTable {
   bool check_entry(uintptr_t entry, unsigned level, uintptr_t block, Census &census) const noexcept;
 
   std::atomic<uintptr_t> root_{0};
-  std::atomic<unsigned> root_level_{0};  // the root node's level: a hint, written after root_
+  std::atomic<Window *> window_{nullptr};  // see the shape notes; on root_'s line
+  std::atomic<unsigned> root_level_{0};    // the root node's level: a hint, written after root_
   std::atomic<size_t> size_{0};
   std::atomic<size_t> nodes_{0};
   std::atomic<size_t> bytes_{0};
@@ -442,9 +498,48 @@ class RadixPageTable {
   uintptr_t hint_node_ = 0;
   uintptr_t hint_base_ = 0;
   unsigned hint_level_ = 0;
+  // Writer only: the root node the window mirrors (0: no window), the root slots it covers
+  // [window_lo_, window_hi_), a copy of its header (no other cache line to read when set_slot()
+  // mirrors a change), and whether the root or a level-2 slot changed since the window was last
+  // fitted to the root (refresh_window()).
+  uintptr_t window_root_ = 0;
+  unsigned window_lo_ = 0, window_hi_ = 0;
+  uintptr_t window_first_ = 0, window_count_ = 0, window_bias_ = 0;
+  bool window_check_ = false;
 };
 
 // ---- inline reader paths ------------------------------------------------------------------------
+
+template <unsigned kInnerBits, unsigned kLeafBits>
+inline uintptr_t RadixPageTable<kInnerBits, kLeafBits>::below_level1(
+    uintptr_t entry, uintptr_t address, uintptr_t &bounds) const noexcept {
+  // The last inner level, where the walk ends at a region (or 0) or goes down to a leaf:
+  // a coin toss for the branch predictor where small and large regions mix. The leaf's
+  // slot is read without a branch: from the leaf when entry is one, else from any
+  // readable word (root_, its value unused), and the result is selected. The choice is
+  // made on the base of the load, so its address is still one instruction.
+  const uintptr_t leaf_index = (address >> kPageShift) & (kLeafFanout - 1);
+  const uintptr_t elsewhere = reinterpret_cast<uintptr_t>(&root_) - (kSlotsOffset - kNodeTag) -
+                              leaf_index * sizeof(uintptr_t);
+  const uintptr_t below = linked_slot(select_if_node(entry, entry, elsewhere), leaf_index)
+                              .load(std::memory_order_acquire);
+  // A page slot's region covers the page: its bounds are checked against kEverywhere
+  // instead (a cache line already here rather than the region's).
+  bounds = select_if_node(entry, reinterpret_cast<uintptr_t>(&kEverywhere), entry);
+  return select_if_node(entry, below, entry);
+}
+
+template <unsigned kInnerBits, unsigned kLeafBits>
+inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::checked(uintptr_t entry, uintptr_t bounds,
+                                                                 uintptr_t address) noexcept {
+  if (entry == 0) return nullptr;
+  // A branch, predicted taken on a hit: the caller's use of the region does not wait for it.
+  const PgtRegion *region = region_of(bounds);
+  if (__builtin_expect(address - region->start >= region->end - region->start, 0)) {
+    return nullptr;
+  }
+  return region_of(entry);
+}
 
 template <unsigned kInnerBits, unsigned kLeafBits>
 inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t address) const noexcept {
@@ -456,6 +551,17 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
   uintptr_t bounds = entry;
   if ((entry & kTagMask) != 0) {
     if ((entry & kNodeTag) != 0) {
+      // A table with a window (see the shape notes) has the same shape for a long time: the branch
+      // predicts well, and the window's header does not wait for the address.
+      if (const Window *window = window_.load(std::memory_order_acquire); window != nullptr) {
+        const uintptr_t block = address >> slot_shift(1);
+        if (block - window->first >= window->count) return nullptr;  // outside the root's block too
+        entry = reinterpret_cast<const std::atomic<uintptr_t> *>(window->bias +
+                                                                 block * sizeof(uintptr_t))
+                    ->load(std::memory_order_acquire);
+        entry = below_level1(entry, address, bounds);
+        return checked(entry, bounds, address);
+      }
       const uintptr_t node = pointer_of(entry);
       // A guess of the root node's level (checked against its header below) lets the first index
       // be computed while root_ and the header are still loading.
@@ -489,20 +595,7 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       // alone (one instruction).
       for (;;) {
         if (level == 1) {
-          // The last inner level, where the walk ends at a region (or 0) or goes down to a leaf:
-          // a coin toss for the branch predictor where small and large regions mix. The leaf's
-          // slot is read without a branch: from the leaf when entry is one, else from any
-          // readable word (root_, its value unused), and the result is selected. The choice is
-          // made on the base of the load, so its address is still one instruction.
-          const uintptr_t leaf_index = (address >> kPageShift) & (kLeafFanout - 1);
-          const uintptr_t elsewhere = reinterpret_cast<uintptr_t>(&root_) -
-                                      (kSlotsOffset - kNodeTag) - leaf_index * sizeof(uintptr_t);
-          const uintptr_t below = linked_slot(select_if_node(entry, entry, elsewhere), leaf_index)
-                                      .load(std::memory_order_acquire);
-          // A page slot's region covers the page: its bounds are checked against kEverywhere
-          // instead (a cache line already here rather than the region's).
-          bounds = select_if_node(entry, reinterpret_cast<uintptr_t>(&kEverywhere), entry);
-          entry = select_if_node(entry, below, entry);
+          entry = below_level1(entry, address, bounds);
           break;
         }
         if ((entry & kNodeTag) == 0 || level == 0) {  // a region, 0 or a flat node
@@ -538,13 +631,7 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       }
     }
   }
-  if (entry == 0) return nullptr;
-  // A branch, predicted taken on a hit: the caller's use of the region does not wait for it.
-  const PgtRegion *checked = region_of(bounds);
-  if (__builtin_expect(address - checked->start >= checked->end - checked->start, 0)) {
-    return nullptr;
-  }
-  return region_of(entry);
+  return checked(entry, bounds, address);
 }
 
 template <unsigned kInnerBits, unsigned kLeafBits>
@@ -613,6 +700,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, const Pg
 template <unsigned kInnerBits, unsigned kLeafBits>
 template <class OnRegion>
 void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
+  replace_window(nullptr);  // before the nodes it points to are retired
   const uintptr_t root = root_.load(std::memory_order_relaxed);
   root_.store(0, std::memory_order_release);
   size_.store(0, std::memory_order_relaxed);

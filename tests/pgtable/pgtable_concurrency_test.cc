@@ -347,5 +347,121 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
   domain_.synchronize();
 }
 
+// The root window made, grown, mirrored, dropped and rebuilt under readers. With the far permanent
+// region out, the root is a level-2 node over the near permanent regions' two level-1 nodes, so it
+// has a window; each cycle the writer adds regions between the permanent ones (changes of level-1
+// slots), pairs of regions in further level-1 blocks (new nodes: the window grows), a lone region
+// at the root's far end (too sparse: no window), a region in another root block (the root moves
+// up: no window), and takes them away again in random order.
+TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
+  {
+    std::lock_guard lock(graveyard_mutex_);
+    graveyard_.clear();
+  }
+  ASSERT_EQ(table_.remove(permanent_.back().get()), MRC_OK);  // the far one
+  table_.settle();
+  ASSERT_GT(table_.window_slots(), 0u);
+  constexpr uintptr_t kBlock = PageTable::block_size(2);
+  constexpr uintptr_t kNearEnd = kNear + kPermanent * kStride * kPage;
+  static_assert(kNearEnd % kBlock == 0 && kNear % PageTable::block_size(3) == 0);
+  std::atomic<uint64_t> completed{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> failures{0}, stale{0}, reclaimed{0}, lookups{0};
+  std::atomic<uint64_t> lookups_seen{0};  // while running, in steps of 1024
+  auto reader = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    uint64_t count = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      EpochGuard guard(domain_);
+      const uint64_t done = completed.load(std::memory_order_acquire);
+      // The permanent regions' blocks, the blocks the writer fills, the root's far end.
+      const uintptr_t address = rng() % 2 == 0
+                                    ? kNear + rng() % (kNearEnd - kNear)
+                                    : kNearEnd + rng() % (PageTable::kInnerFanout * kBlock);
+      PgtRegion *found = table_.lookup(address);
+      if (++count % 1024 == 0) lookups_seen.fetch_add(1024, std::memory_order_relaxed);
+      if (TestRegion *expected = permanent_at(address); expected != nullptr && found != expected) {
+        failures.fetch_add(1);
+      }
+      if (found == nullptr) continue;
+      auto *region = static_cast<TestRegion *>(found);
+      if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed.fetch_add(1);
+      if (address < region->start || address >= region->end) failures.fetch_add(1);
+      const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
+      if (removed_at != 0 && removed_at <= done) stale.fetch_add(1);
+    }
+    lookups.fetch_add(count);
+  };
+  std::vector<std::thread> readers;
+  for (uint64_t seed = 21; seed <= 22; ++seed) readers.emplace_back(reader, seed);
+
+  std::mt19937_64 rng(5);
+  uint64_t sequence = 0;
+  size_t windows = 0, drops = 0, last = table_.window_slots();
+  auto count_windows = [&] {
+    const size_t now = table_.window_slots();
+    windows += now != last && now != 0;
+    drops += now != last && now == 0;
+    last = now;
+  };
+#if defined(MRC_TSAN)
+  constexpr int kCycles = 200;
+#else
+  constexpr int kCycles = 2000;
+#endif
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int cycle = 0; cycle < kCycles || (lookups_seen.load(std::memory_order_relaxed) < 100'000 &&
+                                          std::chrono::steady_clock::now() < deadline);
+       ++cycle) {
+    std::vector<TestRegion *> added;
+    const uintptr_t blocks = 1 + rng() % 4;
+    for (uintptr_t b = 0; b < blocks; ++b) {
+      const uintptr_t at = kNearEnd + b * kBlock + (rng() % 64) * kPage;
+      added.push_back(new TestRegion(at, at + kPage));
+      added.push_back(new TestRegion(at + kBlock / 2, at + kBlock / 2 + 2 * kPage));
+    }
+    if (rng() % 2 == 0) {
+      const uintptr_t at = kNear + (PageTable::kInnerFanout - 1) * kBlock;
+      added.push_back(new TestRegion(at, at + kPage));
+    }
+    if (rng() % 4 == 0) added.push_back(new TestRegion(kFar, kFar + kPage));
+    // Regions between the permanent ones change the slots of level-1 nodes the window mirrors.
+    for (uintptr_t gap = rng() % 16; gap < kPermanent; gap += 16) {
+      const uintptr_t at = kNear + (gap * kStride + 1 + rng() % (kStride - 1)) * kPage;
+      added.push_back(new TestRegion(at, at + kPage));
+    }
+    std::shuffle(added.begin(), added.end(), rng);
+    for (TestRegion *region : added) {
+      ASSERT_EQ(table_.insert(region), MRC_OK);
+      count_windows();
+    }
+    ASSERT_TRUE(table_.check_invariants());
+    std::shuffle(added.begin(), added.end(), rng);
+    for (TestRegion *region : added) {
+      ASSERT_EQ(table_.remove(region), MRC_OK);
+      region->removed_at.store(++sequence, std::memory_order_relaxed);
+      completed.store(sequence, std::memory_order_release);
+      count_windows();
+      domain_.retire(region, [](void *object) {
+        auto *r = static_cast<TestRegion *>(object);
+        r->alive.store(kPoison, std::memory_order_relaxed);
+        std::lock_guard lock(graveyard_mutex_);
+        graveyard_.push_back(r);
+      });
+    }
+    ASSERT_TRUE(table_.check_invariants());
+  }
+  stop.store(true);
+  for (auto &t : readers) t.join();
+  EXPECT_GT(windows, 0u) << "no window was built or rebuilt";
+  EXPECT_GT(drops, 0u) << "no window was dropped";
+  EXPECT_EQ(failures.load(), 0u) << "a permanent region went missing, or a wrong region";
+  EXPECT_EQ(stale.load(), 0u) << "a lookup returned a region removed before it began";
+  EXPECT_EQ(reclaimed.load(), 0u) << "a region was reclaimed under a reader";
+  EXPECT_GT(lookups.load(), 1000u);
+  RecordProperty("windows", std::to_string(windows));
+  domain_.synchronize();
+}
+
 }  // namespace
 }  // namespace mrc

@@ -34,6 +34,8 @@ constexpr Layout kLayouts[] = {
     {"clusters", 3, {0x555555554000, 0x7ffff0000000, 0x10000}, 1u << 14},
     {"edges", 3, {(uintptr_t{1} << 57) - (uintptr_t{1} << 28), 0, 0x100000000000}, 1u << 16},
     {"packed", 1, {0x7f0000000000, 0, 0}, 1u << 12, true},
+    // Heap-like: 128 MiB, many level-1 blocks under one level-2 root (PageTable: a root window).
+    {"heap", 1, {0x7f0000000000, 0, 0}, 1u << 15},
 };
 
 template <class Table>
@@ -77,6 +79,7 @@ class Differential {
     ASSERT_TRUE(table_.check_invariants());
     ASSERT_EQ(table_.size(), model_.size());
     RecordFlats();
+    RecordWindows();
     // The run exercised what it claims to: collisions, splits and collapses of nodes.
     EXPECT_GT(inserted_, operations / 20);
     EXPECT_GT(removed_, operations / 20);
@@ -145,6 +148,7 @@ class Differential {
       ++inserted_;
       max_nodes_ = std::max(max_nodes_, table_.node_count());
       count_flat_changes();
+      count_window_changes();
     }
     if (expected == MRC_ERR_EXISTS) ++collisions_;
   }
@@ -157,6 +161,7 @@ class Differential {
       model_.erase(it);
       ++removed_;
       count_flat_changes();
+      count_window_changes();
       // Kept nodes bound the memory beyond the canonical form: each holds up at most a path.
       max_kept_ = std::max(max_kept_, table_.kept_count());
       ASSERT_LE(table_.kept_count(), Table::kKeptNodes);
@@ -214,6 +219,13 @@ class Differential {
   std::vector<std::unique_ptr<PgtRegion>> storage_;
   size_t inserted_ = 0, removed_ = 0, collisions_ = 0, max_nodes_ = 0, max_kept_ = 0;
   size_t flats_ = 0, flattened_ = 0, unflattened_ = 0;
+  size_t window_ = 0, windows_built_ = 0;
+
+  void count_window_changes() {
+    const size_t window = table_.window_slots();
+    windows_built_ += window != window_ && window != 0;
+    window_ = window;
+  }
 
   void count_flat_changes() {
     const size_t flats = table_.flat_count();
@@ -231,6 +243,16 @@ class Differential {
     ::testing::Test::RecordProperty(std::string("flattened_") + layout_.name,
                                     std::to_string(flattened_));
   }
+  // Where the layout needs several level-1 nodes under one level-2 root, a root window is built
+  // (and rebuilt and dropped as the root changes; check_invariants() compares it with the tree).
+  void RecordWindows() {
+    const uintptr_t span = layout_.span_pages * kPage;
+    if (layout_.clusters != 1 || span <= Table::block_size(2) || span > Table::block_size(3) / 8)
+      return;
+    EXPECT_GT(windows_built_, 0u) << "no root window was built";
+    ::testing::Test::RecordProperty(std::string("windows_") + layout_.name,
+                                    std::to_string(windows_built_));
+  }
 };
 
 template <class Table>
@@ -246,7 +268,7 @@ void run_seeds(size_t operations_per_run) {
   }
 }
 
-// 12 runs each: 12 * 120,000 = 1,440,000 operations for the production shape (PageTable).
+// 15 runs each: 15 * 120,000 = 1,800,000 operations for the production shape (PageTable).
 TEST(PgtableDifferential, PageTableAgainstMapModel) { run_seeds<PageTable>(120'000); }
 TEST(PgtableDifferential, Fanout4AgainstMapModel) { run_seeds<detail::RadixPageTable<2>>(30'000); }
 TEST(PgtableDifferential, Fanout16AgainstMapModel) { run_seeds<detail::RadixPageTable<4>>(30'000); }

@@ -345,6 +345,8 @@ TYPED_TEST(PgtableTest, PackedBlocksBecomeFlatAndGoBack) {
       }
     }
     EXPECT_EQ(this->table_.flat_count(), 2u);
+    // Both flat nodes sit under a level-2 root: the window spells their groups out as leaves.
+    EXPECT_EQ(this->table_.window_slots(), 2u * Table::kInnerFanout);
     // The flat node is smaller than the level-1 node and the leaves it replaced (the leaf that
     // made it flat included).
     const size_t leaf_bytes = sizeof(uintptr_t) * (Table::kLeafFanout + 1);
@@ -380,6 +382,96 @@ TYPED_TEST(PgtableTest, PackedBlocksBecomeFlatAndGoBack) {
     EXPECT_EQ(this->table_.lookup(base + (Table::kInnerFanout + 1) * group + 2 * kPage),
               second[Table::kInnerFanout + 1]);
   }
+}
+
+// The root window (pgtable.h, shape notes): built when the root is a level-2 node whose occupied
+// slots are mostly level-1 nodes, kept equal to the tree through every change (check_invariants()
+// compares them slot by slot), rebuilt when the root's slots spread, dropped when they thin out
+// or the root changes; lookups through it find what the tree holds.
+TYPED_TEST(PgtableTest, RootWindowFollowsTheTree) {
+  using Table = TypeParam;
+  const uintptr_t base = 0x7f0000000000;  // aligned to the level-2 root's block in every shape
+  const uintptr_t block = Table::block_size(2);  // a root slot's: one level-1 node's block
+  const uintptr_t slot = Table::block_size(1);   // a level-1 slot's
+  auto verify = [&](const char *step) {
+    SCOPED_TRACE(step);
+    EXPECT_TRUE(this->table_.check_invariants());
+    for (const PgtRegion &region : this->regions_) {
+      PgtRegion *present = nullptr;
+      this->table_.for_each_overlapping(region.start, region.start + 1, [&](PgtRegion *found) {
+        present = found == &region ? found : present;
+      });
+      if (present == nullptr) continue;
+      EXPECT_EQ(this->table_.lookup(region.start), &region);
+      EXPECT_EQ(this->table_.lookup(region.end - 1), &region);
+      if (this->table_.lookup(region.end) != nullptr) {
+        EXPECT_EQ(this->table_.lookup(region.end)->start, region.end);
+      }
+    }
+  };
+  // Two regions in each of the first two root slots' blocks: two level-1 nodes.
+  std::vector<PgtRegion *> pairs;
+  for (uintptr_t b = 0; b < 2; ++b) {
+    pairs.push_back(this->add(base + b * block, base + b * block + kPage));
+    pairs.push_back(this->add(base + b * block + slot + kPage, base + b * block + 2 * slot));
+  }
+  EXPECT_EQ(this->table_.window_slots(), 2u * Table::kInnerFanout);
+  verify("two level-1 nodes");
+  EXPECT_EQ(this->table_.lookup(base + kPage), nullptr);  // gaps miss through the window
+  EXPECT_EQ(this->table_.lookup(base + 2 * block), nullptr);
+  EXPECT_EQ(this->table_.lookup(base - 1), nullptr);
+
+  // A region spanning a whole root slot's block and part of the next, then a node there: the
+  // window grows to cover them, the region spelled out in level-1 slots.
+  PgtRegion *wide = this->add(base + 2 * block, base + 3 * block + slot);
+  PgtRegion *third = this->add(base + 4 * block - slot, base + 4 * block);
+  EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  verify("a wide region and a third node");
+  EXPECT_EQ(this->table_.lookup(base + 3 * block + 2 * slot), nullptr);
+  EXPECT_EQ(this->table_.lookup(base + 2 * block + block / 2), wide);
+
+  // A region in another root block: the root moves up a level, and the window goes.
+  PgtRegion *far =
+      this->add(base + 5 * Table::block_size(3), base + 5 * Table::block_size(3) + kPage);
+  EXPECT_EQ(this->table_.window_slots(), 0u);
+  verify("a far region");
+  ASSERT_EQ(this->table_.remove(far), MRC_OK);
+  EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  verify("the far region gone");
+
+  // Occupied root slots spread out more than twice the nodes: no window; back again after.
+  if constexpr (Table::kInnerFanout >= 16) {
+    const uintptr_t lone_at = base + (Table::kInnerFanout - 1) * block;
+    PgtRegion *lone = this->add(lone_at, lone_at + kPage);
+    EXPECT_EQ(this->table_.window_slots(), 0u);
+    verify("a lone region at the root's end");
+    ASSERT_EQ(this->table_.remove(lone), MRC_OK);
+    EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  }
+
+  // Thinned out: each removal is mirrored; with one level-1 node left over four root slots the
+  // window still pays for itself (a quarter), with none it goes.
+  ASSERT_EQ(this->table_.remove(third), MRC_OK);
+  ASSERT_EQ(this->table_.remove(pairs[3]), MRC_OK);
+  this->table_.settle();
+  verify("one node left in the first two blocks");
+  EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  ASSERT_EQ(this->table_.remove(pairs[1]), MRC_OK);
+  this->table_.settle();
+  EXPECT_EQ(this->table_.window_slots(), 0u);
+  verify("no level-1 node left");
+  EXPECT_EQ(this->table_.lookup(base), pairs[0]);
+  EXPECT_EQ(this->table_.lookup(base + 3 * block + slot - 1), wide);
+
+  // The window's bytes count as the table's, and go with purge().
+  ASSERT_EQ(this->table_.remove(wide), MRC_OK);
+  this->add(base + slot, base + slot + kPage);
+  EXPECT_EQ(this->table_.window_slots(), 2u * Table::kInnerFanout);
+  EXPECT_GT(this->table_.memory_bytes(), 2 * Table::kInnerFanout * sizeof(uintptr_t) +
+                                             this->table_.node_count() * sizeof(uintptr_t));
+  this->table_.purge([](PgtRegion *) {});
+  EXPECT_EQ(this->table_.window_slots(), 0u);
+  EXPECT_EQ(this->table_.memory_bytes(), 0u);
 }
 
 TYPED_TEST(PgtableTest, ANodeKeptAfterARemovalIsReusedWithoutNodeTraffic) {
