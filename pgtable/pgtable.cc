@@ -35,14 +35,14 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
 MRC_TABLE MRC_SELF::RadixPageTable(EpochDomain &domain) noexcept
     : domain_(domain), pool_(domain, {sizeof(LeafNode), sizeof(InnerNode), sizeof(FlatNode)}) {}
 
+// No reader is left (see the contract): the window goes at once; the pool unmaps the nodes.
+MRC_TABLE MRC_SELF::~RadixPageTable() { std::free(window_.load(std::memory_order_relaxed)); }
+
 // A node from the pool with every slot empty. Pool memory is zero when fresh, and a recycled node
 // is as the table left it when it retired the node (node_pool.h), so only the slots that held
 // something need clearing: all 16 of a leaf, the occupied ones of an inner node. Under
 // ThreadSanitizer the whole node is re-created with plain stores instead, so that reusing a node
 // under a live reader would be reported as a data race.
-// No reader is left (see the contract): the window goes at once; the pool unmaps the nodes.
-MRC_TABLE MRC_SELF::~RadixPageTable() { std::free(window_.load(std::memory_order_relaxed)); }
-
 MRC_TABLE typename MRC_SELF::LeafNode *MRC_SELF::new_leaf() noexcept {
   void *memory = pool_.allocate(kLeafClass);
   if (memory == nullptr) return nullptr;
@@ -116,10 +116,9 @@ MRC_TABLE void MRC_SELF::window_follow(NodeRef node, unsigned index, uintptr_t u
   window_check_ = window_check_ || root;
   if (window_root_ == 0) return;
   if (node.level == 1 && !node.flat) {
-    const uintptr_t at = (node.base() >> slot_shift(1)) + index - window_first_;
-    if (at < window_count_) {
-      reinterpret_cast<std::atomic<uintptr_t> *>(window_bias_ +
-                                                 (at + window_first_) * sizeof(uintptr_t))
+    const uintptr_t block = (node.base() >> slot_shift(1)) + index;
+    if (block - window_first_ < window_count_) {
+      reinterpret_cast<std::atomic<uintptr_t> *>(window_bias_ + block * sizeof(uintptr_t))
           ->store(updated, std::memory_order_release);
     }
     return;
@@ -1013,8 +1012,7 @@ MRC_TABLE void MRC_SELF::unflatten(const SlotRef &holder, NodeRef flat) noexcept
                std::memory_order_relaxed);
 }
 
-// ---- the root window
-// -----------------------------------------------------------------------------
+// ---- the root window ---------------------------------------------------------------------------
 
 // Calls fn(i, entry) for each level-1 slot i of the block a root slot covers, with what that slot
 // would hold were the root slot's entry a level-1 node: the entry's slots, the slots a region
