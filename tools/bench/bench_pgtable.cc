@@ -252,7 +252,10 @@ Impl &built(Layout layout, size_t count) {
     f.table = std::make_shared<Impl>(f.ranges);
     f.key = key;
     auto &table = *static_cast<Impl *>(f.table.get());
-    for (size_t i = 0; i < 4096; ++i) {  // every address is a hit
+    // Every address is a hit: checked on the array's far end, which the benchmarks reach only
+    // after a million lookups. (Checked on its start, the first timed batch found those paths
+    // in the cache: a 10^6-region table's fastest batch came out 3x faster than the rest.)
+    for (size_t i = kAddresses - 4096; i < kAddresses; ++i) {
       if (table.lookup(f.addresses[i]) == nullptr) std::abort();
     }
   }
