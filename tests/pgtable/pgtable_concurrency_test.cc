@@ -111,13 +111,7 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
         ASSERT_EQ(table_.remove(region), MRC_OK);
         region->removed_at.store(++sequence, std::memory_order_relaxed);
         completed_.store(sequence, std::memory_order_release);  // readers acquire it
-        domain_.retire(region, [](void *object) {
-          auto *r = static_cast<TestRegion *>(object);
-          r->alive.store(kPoison, std::memory_order_relaxed);
-          // Kept (poisoned) until the end, so a late reader reads poison, not reused memory.
-          std::lock_guard lock(graveyard_mutex_);
-          graveyard_.push_back(r);
-        });
+        retire_poisoned(region);
       }
       if (op % 1024 == 0) {
         ASSERT_TRUE(table_.check_invariants());
@@ -128,6 +122,77 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
       delete_after_grace(region);
     }
     removed_ = sequence;
+  }
+
+  // Poisoned once no reader can hold it, and kept (poisoned) until the end, so that a late reader
+  // reads poison, not reused memory.
+  void retire_poisoned(TestRegion *region) {
+    domain_.retire(region, [](void *object) {
+      auto *r = static_cast<TestRegion *>(object);
+      r->alive.store(kPoison, std::memory_order_relaxed);
+      std::lock_guard lock(graveyard_mutex_);
+      graveyard_.push_back(r);
+    });
+  }
+
+  // The shape tests below: two readers look up addresses pick(rng) gives while the test changes
+  // the table's shape. Counted: a lookup that does not return expected(address) where that is a
+  // region, a region not containing the address, one reclaimed, one removed before the lookup.
+  template <class Pick, class Expected>
+  void start_shape_readers(Pick pick, Expected expected) {
+    {
+      std::lock_guard lock(graveyard_mutex_);
+      graveyard_.clear();  // the previous test's fixture deleted them
+    }
+    shape_deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (uint64_t seed = 11; seed <= 12; ++seed) {
+      shape_readers_.emplace_back([this, pick, expected, seed] {
+        std::mt19937_64 rng(seed);
+        uint64_t count = 0;
+        while (!stop_.load(std::memory_order_relaxed)) {
+          EpochGuard guard(domain_);
+          const uint64_t done = completed_.load(std::memory_order_acquire);
+          const uintptr_t address = pick(rng);
+          PgtRegion *found = table_.lookup(address);
+          if (++count % 1024 == 0) lookups_seen_.fetch_add(1024, std::memory_order_relaxed);
+          if (const PgtRegion *must = expected(address); must != nullptr && found != must) {
+            failures_.fetch_add(1);
+          }
+          if (found == nullptr) continue;
+          auto *region = static_cast<TestRegion *>(found);
+          if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
+          if (address < region->start || address >= region->end) failures_.fetch_add(1);
+          const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
+          if (removed_at != 0 && removed_at <= done) stale_seen_.fetch_add(1);
+        }
+        lookups_.fetch_add(count);
+      });
+    }
+  }
+
+  // The shape tests' writer: at least `cycles` cycles, and until the readers have really run
+  // alongside (on a loaded machine they may start late); a deadline keeps a starved run bounded.
+  bool shape_cycle_more(int cycle, int cycles, uint64_t lookups_wanted) const {
+    return cycle < cycles || (lookups_seen_.load(std::memory_order_relaxed) < lookups_wanted &&
+                              std::chrono::steady_clock::now() < shape_deadline_);
+  }
+
+  // Removes region for a shape test's writer: stamped with its removal's number, published to the
+  // readers, retired poisoned.
+  void remove_stamped(TestRegion *region) {
+    ASSERT_EQ(table_.remove(region), MRC_OK);
+    region->removed_at.store(++shape_sequence_, std::memory_order_relaxed);
+    completed_.store(shape_sequence_, std::memory_order_release);
+    retire_poisoned(region);
+  }
+
+  void stop_shape_readers() {
+    stop_.store(true);
+    for (auto &t : shape_readers_) t.join();
+    EXPECT_EQ(failures_.load(), 0u) << "an expected region went missing, or a wrong region";
+    EXPECT_EQ(stale_seen_.load(), 0u) << "a lookup returned a region removed before it began";
+    EXPECT_EQ(reclaimed_seen_.load(), 0u) << "a region was reclaimed under a reader";
+    EXPECT_GT(lookups_.load(), 1000u);
   }
 
   void delete_after_grace(TestRegion *region) {
@@ -199,6 +264,9 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
   std::atomic<uint64_t> lookups_{0}, hits_{0}, walks_{0};
   std::atomic<uint64_t> lookups_seen_{0};  // while running, in steps of 1024
   uint64_t removed_ = 0;
+  std::vector<std::thread> shape_readers_;
+  uint64_t shape_sequence_ = 0;
+  std::chrono::steady_clock::time_point shape_deadline_;
   static inline std::mutex graveyard_mutex_;
   static inline std::vector<TestRegion *> graveyard_;
 };
@@ -246,10 +314,6 @@ TEST_P(PgtableConcurrencyTest, ReadersNeverSeeRemovedOrReclaimedRegions) {
 // becomes flat) and takes them away again (back to a tree), in random order, over and over.
 TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
   if (!PageTable::kFlats) GTEST_SKIP() << "PageTable's shape has no flat nodes";
-  {
-    std::lock_guard lock(graveyard_mutex_);
-    graveyard_.clear();  // the previous test's fixture deleted them
-  }
   constexpr uintptr_t kBlocks = 0x600000000000;
   constexpr uintptr_t kGroup = PageTable::kLeafFanout * kPage;
   constexpr unsigned kGroups = 2 * PageTable::kInnerFanout;
@@ -259,36 +323,13 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
         std::make_unique<TestRegion>(kBlocks + g * kGroup, kBlocks + g * kGroup + kPage));
     ASSERT_EQ(table_.insert(anchors.back().get()), MRC_OK);
   }
-  std::atomic<uint64_t> completed{0};
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> failures{0}, stale{0}, reclaimed{0}, lookups{0};
-  std::atomic<uint64_t> lookups_seen{0};  // while running, in steps of 1024
-  auto reader = [&](uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    uint64_t count = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      EpochGuard guard(domain_);
-      const uint64_t done = completed.load(std::memory_order_acquire);
-      const unsigned g = static_cast<unsigned>(rng() % kGroups);
-      const uintptr_t address = kBlocks + g * kGroup + rng() % kGroup;
-      PgtRegion *found = table_.lookup(address);
-      if (++count % 1024 == 0) lookups_seen.fetch_add(1024, std::memory_order_relaxed);
-      if (address < kBlocks + g * kGroup + kPage && found != anchors[g].get())
-        failures.fetch_add(1);
-      if (found == nullptr) continue;
-      auto *region = static_cast<TestRegion *>(found);
-      if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed.fetch_add(1);
-      if (address < region->start || address >= region->end) failures.fetch_add(1);
-      const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
-      if (removed_at != 0 && removed_at <= done) stale.fetch_add(1);
-    }
-    lookups.fetch_add(count);
-  };
-  std::vector<std::thread> readers;
-  for (uint64_t seed = 11; seed <= 12; ++seed) readers.emplace_back(reader, seed);
+  start_shape_readers([](std::mt19937_64 &rng) { return kBlocks + rng() % (kGroups * kGroup); },
+                      [&anchors](uintptr_t address) -> PgtRegion * {
+                        const uintptr_t g = (address - kBlocks) / kGroup;
+                        return address < kBlocks + g * kGroup + kPage ? anchors[g].get() : nullptr;
+                      });
 
   std::mt19937_64 rng(7);
-  uint64_t sequence = 0;
   size_t flattened = 0, unflattened = 0, flats = table_.flat_count();
   auto count_flats = [&] {
     const size_t now = table_.flat_count();
@@ -301,12 +342,7 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
 #else
   constexpr int kCycles = 40;
 #endif
-  // At least kCycles, and until the readers have really run alongside (on a loaded machine they
-  // may start late); a deadline keeps a starved run bounded.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (int cycle = 0; cycle < kCycles || (lookups_seen.load(std::memory_order_relaxed) < 20'000 &&
-                                          std::chrono::steady_clock::now() < deadline);
-       ++cycle) {
+  for (int cycle = 0; shape_cycle_more(cycle, kCycles, 20'000); ++cycle) {
     const unsigned block = cycle % 2;
     std::vector<TestRegion *> added;
     for (unsigned g = block * PageTable::kInnerFanout; g < (block + 1) * PageTable::kInnerFanout;
@@ -322,27 +358,14 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
     }
     std::shuffle(added.begin(), added.end(), rng);
     for (TestRegion *region : added) {
-      ASSERT_EQ(table_.remove(region), MRC_OK);
-      region->removed_at.store(++sequence, std::memory_order_relaxed);
-      completed.store(sequence, std::memory_order_release);
+      remove_stamped(region);
       count_flats();
-      domain_.retire(region, [](void *object) {
-        auto *r = static_cast<TestRegion *>(object);
-        r->alive.store(kPoison, std::memory_order_relaxed);
-        std::lock_guard lock(graveyard_mutex_);
-        graveyard_.push_back(r);
-      });
     }
     ASSERT_TRUE(table_.check_invariants());
   }
-  stop.store(true);
-  for (auto &t : readers) t.join();
+  stop_shape_readers();
   EXPECT_GT(flattened, 0u);
   EXPECT_GT(unflattened, 0u);
-  EXPECT_EQ(failures.load(), 0u) << "a permanent region went missing, or a wrong region";
-  EXPECT_EQ(stale.load(), 0u) << "a lookup returned a region removed before it began";
-  EXPECT_EQ(reclaimed.load(), 0u) << "a region was reclaimed under a reader";
-  EXPECT_GT(lookups.load(), 1000u);
   for (auto &anchor : anchors) ASSERT_EQ(table_.remove(anchor.get()), MRC_OK);
   domain_.synchronize();
 }
@@ -354,49 +377,21 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
 // at the root's far end (too sparse: no window), a region in another root block (the root moves
 // up: no window), and takes them away again in random order.
 TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
-  {
-    std::lock_guard lock(graveyard_mutex_);
-    graveyard_.clear();
-  }
   ASSERT_EQ(table_.remove(permanent_.back().get()), MRC_OK);  // the far one
   table_.settle();
   ASSERT_GT(table_.window_slots(), 0u);
   constexpr uintptr_t kBlock = PageTable::block_size(2);
   constexpr uintptr_t kNearEnd = kNear + kPermanent * kStride * kPage;
   static_assert(kNearEnd % kBlock == 0 && kNear % PageTable::block_size(3) == 0);
-  std::atomic<uint64_t> completed{0};
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> failures{0}, stale{0}, reclaimed{0}, lookups{0};
-  std::atomic<uint64_t> lookups_seen{0};  // while running, in steps of 1024
-  auto reader = [&](uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    uint64_t count = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      EpochGuard guard(domain_);
-      const uint64_t done = completed.load(std::memory_order_acquire);
-      // The permanent regions' blocks, the blocks the writer fills, the root's far end.
-      const uintptr_t address = rng() % 2 == 0
-                                    ? kNear + rng() % (kNearEnd - kNear)
-                                    : kNearEnd + rng() % (PageTable::kInnerFanout * kBlock);
-      PgtRegion *found = table_.lookup(address);
-      if (++count % 1024 == 0) lookups_seen.fetch_add(1024, std::memory_order_relaxed);
-      if (TestRegion *expected = permanent_at(address); expected != nullptr && found != expected) {
-        failures.fetch_add(1);
-      }
-      if (found == nullptr) continue;
-      auto *region = static_cast<TestRegion *>(found);
-      if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed.fetch_add(1);
-      if (address < region->start || address >= region->end) failures.fetch_add(1);
-      const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
-      if (removed_at != 0 && removed_at <= done) stale.fetch_add(1);
-    }
-    lookups.fetch_add(count);
-  };
-  std::vector<std::thread> readers;
-  for (uint64_t seed = 21; seed <= 22; ++seed) readers.emplace_back(reader, seed);
+  // The permanent regions' blocks, the blocks the writer fills, the root's far end.
+  start_shape_readers(
+      [](std::mt19937_64 &rng) {
+        return rng() % 2 == 0 ? kNear + rng() % (kNearEnd - kNear)
+                              : kNearEnd + rng() % (PageTable::kInnerFanout * kBlock);
+      },
+      [this](uintptr_t address) -> PgtRegion * { return permanent_at(address); });
 
   std::mt19937_64 rng(5);
-  uint64_t sequence = 0;
   size_t windows = 0, drops = 0, last = table_.window_slots();
   auto count_windows = [&] {
     const size_t now = table_.window_slots();
@@ -409,10 +404,7 @@ TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
 #else
   constexpr int kCycles = 2000;
 #endif
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (int cycle = 0; cycle < kCycles || (lookups_seen.load(std::memory_order_relaxed) < 100'000 &&
-                                          std::chrono::steady_clock::now() < deadline);
-       ++cycle) {
+  for (int cycle = 0; shape_cycle_more(cycle, kCycles, 100'000); ++cycle) {
     std::vector<TestRegion *> added;
     const uintptr_t blocks = 1 + rng() % 4;
     for (uintptr_t b = 0; b < blocks; ++b) {
@@ -425,7 +417,6 @@ TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
       added.push_back(new TestRegion(at, at + kPage));
     }
     if (rng() % 4 == 0) added.push_back(new TestRegion(kFar, kFar + kPage));
-    // Regions between the permanent ones change the slots of level-1 nodes the window mirrors.
     for (uintptr_t gap = rng() % 16; gap < kPermanent; gap += 16) {
       const uintptr_t at = kNear + (gap * kStride + 1 + rng() % (kStride - 1)) * kPage;
       added.push_back(new TestRegion(at, at + kPage));
@@ -438,27 +429,14 @@ TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
     ASSERT_TRUE(table_.check_invariants());
     std::shuffle(added.begin(), added.end(), rng);
     for (TestRegion *region : added) {
-      ASSERT_EQ(table_.remove(region), MRC_OK);
-      region->removed_at.store(++sequence, std::memory_order_relaxed);
-      completed.store(sequence, std::memory_order_release);
+      remove_stamped(region);
       count_windows();
-      domain_.retire(region, [](void *object) {
-        auto *r = static_cast<TestRegion *>(object);
-        r->alive.store(kPoison, std::memory_order_relaxed);
-        std::lock_guard lock(graveyard_mutex_);
-        graveyard_.push_back(r);
-      });
     }
     ASSERT_TRUE(table_.check_invariants());
   }
-  stop.store(true);
-  for (auto &t : readers) t.join();
+  stop_shape_readers();
   EXPECT_GT(windows, 0u) << "no window was built or rebuilt";
   EXPECT_GT(drops, 0u) << "no window was dropped";
-  EXPECT_EQ(failures.load(), 0u) << "a permanent region went missing, or a wrong region";
-  EXPECT_EQ(stale.load(), 0u) << "a lookup returned a region removed before it began";
-  EXPECT_EQ(reclaimed.load(), 0u) << "a region was reclaimed under a reader";
-  EXPECT_GT(lookups.load(), 1000u);
   RecordProperty("windows", std::to_string(windows));
   domain_.synchronize();
 }
