@@ -39,17 +39,17 @@
 //   in slots wider than a page (a region found in a page's slot covers the page, and its line is
 //   not read). A skipped level is the predicted-not-taken case, and a hint predicts the root's
 //   level.
-// - Root window: when the root is an inner node at level 2 (every region inside one block of
-//   kInnerFanout^2 leaves: 1 GiB for PageTable) and the blocks its slots cover are mostly split
-//   into level-1 nodes, the level-1 slots of those blocks are also laid out as one array, the
+// - Root window: when the root is an inner node at level 2 (every region inside one level-2 node's
+//   block: 1 GiB for PageTable) and the blocks its slots cover are mostly split into level-1
+//   nodes, the level-1 slots of those blocks are also laid out as one array, the
 //   window (the nodes' slots side by side, a slot of the root that holds a region or a flat node
 //   spelled out as level-1 slots). lookup() then starts at the window, indexed by the address
 //   alone: one dependent load less than through the root. The window mirrors the tree (the
 //   writer stores every change of a level-1 node's slot or a root slot in both, before retiring
 //   anything the old value pointed to); it is rebuilt when the root's occupied slots outgrow it,
 //   and dropped when the root changes or its slots thin out. It covers the root's occupied slots
-//   only, and exists only while they are at least half level-1 nodes, so it costs at most twice
-//   the level-1 nodes' bytes.
+//   only; it is built when at least half of them hold a node and kept while a quarter do, so it
+//   costs at most four times the bytes of the level-1 nodes it mirrors.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
@@ -556,7 +556,7 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
       // predicts well, and the window's header does not wait for the address.
       if (const Window *window = window_.load(std::memory_order_acquire); window != nullptr) {
         const uintptr_t block = address >> slot_shift(1);
-        if (block - window->first >= window->count) return nullptr;  // outside the root's block too
+        if (block - window->first >= window->count) return nullptr;  // no region outside it
         entry = reinterpret_cast<const std::atomic<uintptr_t> *>(window->bias +
                                                                  block * sizeof(uintptr_t))
                     ->load(std::memory_order_acquire);
