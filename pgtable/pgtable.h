@@ -166,6 +166,8 @@ class RadixPageTable {
   ~RadixPageTable();
   RadixPageTable(const RadixPageTable &) = delete;
   RadixPageTable &operator=(const RadixPageTable &) = delete;
+  RadixPageTable(RadixPageTable &&) = delete;
+  RadixPageTable &operator=(RadixPageTable &&) = delete;
 
   // Writer. MRC_ERR_INVALID: null, misaligned, empty, wrapping or beyond kAddressLimit.
   // MRC_ERR_EXISTS: overlaps a region already present. MRC_ERR_NO_MEMORY: no node could be
