@@ -72,7 +72,7 @@ bool parse_bool(const char *text, bool *out) noexcept {
 namespace {
 
 const char *env(const char *name) noexcept {
-  const char *value = std::getenv(name);
+  const char *value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): no setenv here
   return (value != nullptr && *value != '\0') ? value : nullptr;
 }
 

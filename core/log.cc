@@ -20,7 +20,7 @@ struct Handler {
 
 int initial_level() noexcept {
   mrc_log_level_t level = MRC_LOG_WARN;
-  const char *env = std::getenv("MRC_LOG_LEVEL");
+  const char *env = std::getenv("MRC_LOG_LEVEL");  // NOLINT(concurrency-mt-unsafe): no setenv here
   if (env != nullptr && *env != '\0' && !parse_level(env, &level)) {
     std::fprintf(stderr,
                  "mrcache: MRC_LOG_LEVEL=%s is not a level (error, warn, info, debug, trace)\n",

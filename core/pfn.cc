@@ -68,7 +68,7 @@ bool matches(uintptr_t start, const uint64_t *entries, size_t pages) noexcept {
 
 bool available(char *why, size_t why_len) noexcept {
   if (pagemap_fd() < 0) {
-    std::snprintf(why, why_len, "cannot open /proc/self/pagemap: %s", std::strerror(errno));
+    std::snprintf(why, why_len, "cannot open /proc/self/pagemap: %s", strerrorname_np(errno));
     return false;
   }
   volatile char probe = 1;  // a present page: this stack

@@ -270,7 +270,7 @@ struct Negotiated {
 };
 
 Wanted wanted_mode(const char **raw) noexcept {
-  const char *value = getenv("MRC_MONITOR");
+  const char *value = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
   *raw = value;
   if (value == nullptr || *value == '\0' || strcmp(value, "auto") == 0) return Wanted::Auto;
   if (strcmp(value, "wp-async") == 0) return Wanted::WpAsync;
@@ -287,7 +287,7 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   Text why{reason, reason_len};
   const char *raw = nullptr;
   const Wanted wanted = wanted_mode(&raw);
-  const char *env = getenv("MRC_MONITOR");
+  const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
   if (raw == nullptr && env != nullptr && *env != '\0') {
     why.add("MRC_MONITOR=%s not understood (auto, wp-async, wp, missing, off); ", env);
   }
@@ -785,7 +785,8 @@ void start_locked() noexcept {
   g.run.queue = &g.queue;
   g.run.events = &g.events;
   g.run.stop.store(false, std::memory_order_relaxed);
-  const char *drop = getenv("MRC_TEST_DROP_EVENTS");
+  const char *drop =
+      getenv("MRC_TEST_DROP_EVENTS");  // NOLINT(concurrency-mt-unsafe): no setenv here
   g.run.drop_events = drop != nullptr && strcmp(drop, "1") == 0;
   g.run.page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   g.run.loop.store(static_cast<uint32_t>(LoopKind::NotStarted), std::memory_order_relaxed);

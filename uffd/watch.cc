@@ -45,8 +45,9 @@ void explain_errno(char *why, size_t why_len, const char *what, int error, uintp
     case EINVAL: meaning = "the kernel cannot watch this kind of mapping in this mode"; break;
     case EPERM: meaning = "the mapping can never be written (read-only shared file)"; break;
     case ENOMEM: meaning = "the kernel's VMA limit was reached"; break;
-    default: meaning = strerror(error); break;
+    default: meaning = strerrordesc_np(error); break;  // strerror() is not thread-safe
   }
+  if (meaning == nullptr) meaning = "unknown error";
   snprintf(why, why_len, "%s [%#" PRIxPTR ", %#" PRIxPTR ") failed in %s mode: %s (%s)", what,
            start, end, mode_word(mode), meaning, strerrorname_np(error));
 }

@@ -182,7 +182,7 @@ mrc_status_t reserve_window(uint64_t base, uint64_t size) {
                   base, base + size);
     }
     return fail(MRC_ERR_NO_MEMORY, "reserving the window [{:#x}, {:#x}): {}", base, base + size,
-                std::strerror(errno));
+                errno_text(errno));
   }
   if (got != want) {  // a kernel older than 4.17 treats the flag as a hint
     munmap(got, size);
@@ -378,7 +378,7 @@ void remove_orphans_locked(mrc_seg_domain *d) {
   DIR *dir = opendir("/dev/shm");
   if (dir == nullptr) return;
   const size_t plen = std::strlen(d->prefix);
-  while (dirent *ent = readdir(dir)) {
+  while (dirent *ent = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): our own stream
     const char *n = ent->d_name;
     if (std::strncmp(n, d->prefix, plen) != 0 || n[plen] != ':') continue;
     const char *rest = n + plen + 1;
@@ -460,14 +460,14 @@ mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, in
   st = give_to_domain(fd, "the root file", r.uid, r.gid, r.mode);
   if (st != MRC_OK) goto undo;
   if (ftruncate(fd, static_cast<off_t>(kRootSize)) != 0) {
-    st = fail(MRC_ERR_IO, "sizing the root file: {}", std::strerror(errno));
+    st = fail(MRC_ERR_IO, "sizing the root file: {}", errno_text(errno));
     goto undo;
   }
   root = static_cast<RootHeader *>(
       mmap(nullptr, kRootSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   if (root == MAP_FAILED) {
     root = nullptr;
-    st = fail(MRC_ERR_NO_MEMORY, "mapping the root file: {}", std::strerror(errno));
+    st = fail(MRC_ERR_NO_MEMORY, "mapping the root file: {}", errno_text(errno));
     goto undo;
   }
   if (r.want_base != 0) {
@@ -488,13 +488,13 @@ mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, in
   rc = robust_mutex_init(&root->lock);
   if (rc != 0) {
     munmap(reinterpret_cast<void *>(base), size);
-    st = fail(MRC_ERR_IO, "initialising the domain lock: {}", std::strerror(rc));
+    st = fail(MRC_ERR_IO, "initialising the domain lock: {}", errno_text(rc));
     goto undo;
   }
   // Nobody can lock before `ready`: take slot 0 directly.
   if (ofd_trylock(fd, kPresenceLockOffset) != 0) {
     munmap(reinterpret_cast<void *>(base), size);
-    st = fail(MRC_ERR_IO, "presence lock: {}", std::strerror(errno));
+    st = fail(MRC_ERR_IO, "presence lock: {}", errno_text(errno));
     goto undo;
   }
   fill_slot(root, 0);
@@ -548,7 +548,7 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
       return MRC_OK;
     }
     return fail(errno == EACCES ? MRC_ERR_INVALID : MRC_ERR_IO, "opening /dev/shm{}: {}",
-                r.root_name, std::strerror(errno));
+                r.root_name, errno_text(errno));
   }
   char what[200];
   auto res = fmt::format_to_n(what, sizeof what - 1, "/dev/shm{}", r.root_name);
@@ -562,7 +562,7 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
     struct stat sb {};
     if (fstat(fd, &sb) != 0) {
       close(fd);
-      return fail(MRC_ERR_IO, "fstat {}: {}", what, std::strerror(errno));
+      return fail(MRC_ERR_IO, "fstat {}: {}", what, errno_text(errno));
     }
     if (static_cast<uint64_t>(sb.st_size) == kRootSize) break;
     if (sb.st_size != 0) {
@@ -586,7 +586,7 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
       mmap(nullptr, kRootSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   if (root == MAP_FAILED) {
     close(fd);
-    return fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, std::strerror(errno));
+    return fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, errno_text(errno));
   }
   auto drop = [&] {
     munmap(root, kRootSize);
@@ -719,7 +719,7 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
       st = join_root(r, d, observer, deadline, &retry);
     } else {
       st = fail(errno == EACCES ? MRC_ERR_INVALID : MRC_ERR_IO, "creating /dev/shm{}: {}",
-                r.root_name, std::strerror(errno));
+                r.root_name, errno_text(errno));
     }
     if (st != MRC_OK || !retry) break;
     if (monotonic_ns() > deadline) {
@@ -861,12 +861,12 @@ mrc_status_t numa_bind(void *addr, size_t len, int node) noexcept {
   mask[static_cast<unsigned>(node) / 64] = 1UL << (static_cast<unsigned>(node) % 64);
   // mbind reads maxnode - 1 bits (a historical off-by-one).
   if (mbind(addr, len, MPOL_BIND, mask, kBits + 1, 0) != 0) {
-    return fail(MRC_ERR_IO, "mbind to NUMA node {}: {}", node, std::strerror(errno));
+    return fail(MRC_ERR_IO, "mbind to NUMA node {}: {}", node, errno_text(errno));
   }
   int mode = -1;
   unsigned long got[kBits / 64] = {};
   if (get_mempolicy(&mode, got, kBits, addr, MPOL_F_ADDR) != 0) {
-    return fail(MRC_ERR_IO, "get_mempolicy: {}", std::strerror(errno));
+    return fail(MRC_ERR_IO, "get_mempolicy: {}", errno_text(errno));
   }
   for (unsigned i = 0; i < kBits / 64; ++i) {
     if (got[i] != mask[i] || mode != MPOL_BIND) {
@@ -930,7 +930,7 @@ mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_in
   if (fd < 0 && (!creating || errno == EEXIST)) {
     fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   }
-  if (fd < 0) return fail(MRC_ERR_IO, "backing file {}: {}", path, std::strerror(errno));
+  if (fd < 0) return fail(MRC_ERR_IO, "backing file {}: {}", path, errno_text(errno));
   struct statfs fs {};
   if (fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC) {
     *hugepage = static_cast<uint64_t>(fs.f_bsize);
@@ -954,7 +954,7 @@ mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_in
   if (created || (creating && static_cast<uint64_t>(sb.st_size) < want && sb.st_size == 0)) {
     if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
       close(fd);
-      return fail(MRC_ERR_IO, "sizing {}: {}", path, std::strerror(errno));
+      return fail(MRC_ERR_IO, "sizing {}: {}", path, errno_text(errno));
     }
   } else if (static_cast<uint64_t>(sb.st_size) < want) {
     close(fd);
@@ -1001,14 +1001,14 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, Mapping *
   char name[160];
   segment_shm_name(d->prefix, e.generation, e.name, name);
   const int fd = shm_open(name, O_RDWR, 0);
-  if (fd < 0) return fail(MRC_ERR_IO, "segment file /dev/shm{}: {}", name, std::strerror(errno));
+  if (fd < 0) return fail(MRC_ERR_IO, "segment file /dev/shm{}: {}", name, errno_text(errno));
   char what[200];
   auto res = fmt::format_to_n(what, sizeof what - 1, "/dev/shm{}", name);
   *res.out = '\0';
   mrc_status_t st = check_file(fd, what, d->uid, d->gid, d->mode, e.map_size);
   if (st == MRC_OK &&
       mmap(start, e.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != start) {
-    st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, std::strerror(errno));
+    st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, errno_text(errno));
   }
   close(fd);
   if (st != MRC_OK) return st;
@@ -1026,7 +1026,7 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, Mapping *
       }
       if (st == MRC_OK && mmap(m->data, e.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                                bfd, 0) != m->data) {
-        st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", e.backing_path, std::strerror(errno));
+        st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", e.backing_path, errno_text(errno));
       }
     }
     if (bfd >= 0) close(bfd);
@@ -1128,14 +1128,14 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping
     segment_shm_name(d->prefix, e.generation, e.name, name);
     const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
     if (fd < 0) {
-      st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, std::strerror(errno));
+      st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, errno_text(errno));
     } else {
       st = give_to_domain(fd, name, d->uid, d->gid, d->mode);
       if (st == MRC_OK && ftruncate(fd, static_cast<off_t>(lay.map_size)) != 0) {
-        st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, std::strerror(errno));
+        st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, errno_text(errno));
       } else if (st == MRC_OK && mmap(start, lay.map_size, PROT_READ | PROT_WRITE,
                                       MAP_SHARED | MAP_FIXED, fd, 0) != start) {
-        st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, std::strerror(errno));
+        st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, errno_text(errno));
       }
       close(fd);
     }
@@ -1143,7 +1143,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping
         mmap(m->data, lay.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, backing_fd,
              0) != m->data) {
       st = fail(hugepage != 0 && errno == ENOMEM ? MRC_ERR_NO_MEMORY : MRC_ERR_IO,
-                "mapping {}: {}{}", p->backing_file, std::strerror(errno),
+                "mapping {}: {}{}", p->backing_file, errno_text(errno),
                 hugepage != 0 ? " (not enough free huge pages?)" : "");
     }
     // NUMA: the policy goes on before anything touches the pages.
@@ -1457,7 +1457,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
     DIR *dir = opendir("/dev/shm");
     const size_t plen = std::strlen(d->prefix);
     while (dir != nullptr && st == MRC_OK) {
-      dirent *ent = readdir(dir);
+      dirent *ent = readdir(dir);  // NOLINT(concurrency-mt-unsafe): a stream of our own
       if (ent == nullptr) break;
       if (std::strncmp(ent->d_name, d->prefix, plen) != 0 || ent->d_name[plen] != ':') continue;
       if (std::strcmp(ent->d_name + plen, ":root") == 0) continue;

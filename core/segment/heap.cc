@@ -107,7 +107,7 @@ mrc_status_t SharedHeap::init(HeapHeader *header, char *data, uint64_t data_size
   if (size > kMaxHeapSize) size = kMaxHeapSize;
   if (size < kMinBlock) return fail(MRC_ERR_INVALID, "segment too small for a heap");
   const int rc = robust_mutex_init(&header->lock);
-  if (rc != 0) return fail(MRC_ERR_IO, "heap mutex init: {}", std::strerror(rc));
+  if (rc != 0) return fail(MRC_ERR_IO, "heap mutex init: {}", errno_text(rc));
   header->heap_size = size;
   header->free_head = kNil;
   header->bytes_used = header->used_blocks = header->free_blocks = 0;

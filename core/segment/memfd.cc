@@ -105,7 +105,7 @@ mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
   const int fd = memfd_create(p->name, MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB : 0U));
   if (fd < 0) {
     return fail(huge ? MRC_ERR_UNSUPPORTED : MRC_ERR_IO, "memfd_create{}: {}",
-                huge ? " with MFD_HUGETLB" : "", std::strerror(errno));
+                huge ? " with MFD_HUGETLB" : "", errno_text(errno));
   }
   uint64_t page = 4096;
   if (huge) {
@@ -123,7 +123,7 @@ mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
       fcntl(fd, F_ADD_SEALS, kRequiredSeals) != 0) {
     const int err = errno;
     close(fd);
-    return fail(MRC_ERR_IO, "sizing and sealing the memfd: {}", std::strerror(err));
+    return fail(MRC_ERR_IO, "sizing and sealing the memfd: {}", errno_text(err));
   }
   char *start = map_aligned(fd, map_size);
   if (start == nullptr) {
@@ -131,7 +131,7 @@ mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
     close(fd);
     return fail(MRC_ERR_NO_MEMORY, "mapping {} bytes{}: {}", map_size,
                 huge ? " of huge pages (are enough reserved? see HugePages_Free)" : "",
-                std::strerror(err));
+                errno_text(err));
   }
   auto *m = new (std::nothrow) Mapping;
   if (m == nullptr) {
@@ -200,7 +200,7 @@ mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock) {
     n = sendmsg(sock, &mh, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof msg)) {
-    return fail(MRC_ERR_IO, "sendmsg: {}", n < 0 ? std::strerror(errno) : "short write");
+    return fail(MRC_ERR_IO, "sendmsg: {}", n < 0 ? errno_text(errno) : "short write");
   }
   return MRC_OK;
 }
@@ -228,7 +228,7 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
       std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
     }
   }
-  if (n < 0) return fail(MRC_ERR_IO, "recvmsg: {}", std::strerror(errno));
+  if (n < 0) return fail(MRC_ERR_IO, "recvmsg: {}", errno_text(errno));
   if (fd < 0 || n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & MSG_CTRUNC) != 0 ||
       msg.magic != kMsgMagic) {
     if (fd >= 0) close(fd);
@@ -254,7 +254,7 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
       fstatfs(fd, &fs) == 0 && fs.f_bsize > 0 ? static_cast<uint64_t>(fs.f_bsize) : 4096;
   void *peek = mmap(nullptr, page, PROT_READ, MAP_SHARED, fd, 0);
   if (peek == MAP_FAILED)
-    return reject(fail(MRC_ERR_IO, "mapping the header: {}", std::strerror(errno)));
+    return reject(fail(MRC_ERR_IO, "mapping the header: {}", errno_text(errno)));
   SegHeader h;
   std::memcpy(&h, peek, sizeof h);
   munmap(peek, page);
@@ -273,7 +273,7 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
     if (got != MAP_FAILED) munmap(got, msg.map_size);
     return reject(fail(got == MAP_FAILED && err != EEXIST ? MRC_ERR_NO_MEMORY : MRC_ERR_EXISTS,
                        "cannot map the segment at {} here: {}", want,
-                       got == MAP_FAILED ? std::strerror(err) : "address taken"));
+                       got == MAP_FAILED ? errno_text(err) : "address taken"));
   }
   auto *m = new (std::nothrow) Mapping;
   if (m == nullptr) {

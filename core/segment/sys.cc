@@ -28,6 +28,11 @@ void set_error_text(const char *text) noexcept {
 void clear_error() noexcept { t_last_error[0] = '\0'; }
 const char *last_error() noexcept { return t_last_error; }
 
+const char *errno_text(int error) noexcept {
+  const char *text = strerrordesc_np(error);  // static strings: no buffer shared between threads
+  return text != nullptr ? text : "unknown error";
+}
+
 bool valid_name(const char *name) noexcept {
   if (name == nullptr) return false;
   size_t n = 0;
@@ -159,7 +164,7 @@ bool owned_by_domain(uid_t file_uid, gid_t file_gid, uid_t uid, gid_t gid, unsig
 mrc_status_t check_file(int fd, const char *what, uid_t uid, gid_t gid, unsigned mode,
                         uint64_t size) noexcept {
   struct stat st {};
-  if (fstat(fd, &st) != 0) return fail(MRC_ERR_IO, "fstat {}: {}", what, std::strerror(errno));
+  if (fstat(fd, &st) != 0) return fail(MRC_ERR_IO, "fstat {}: {}", what, errno_text(errno));
   if (!S_ISREG(st.st_mode)) return fail(MRC_ERR_INVALID, "{} is not a regular file", what);
   if (!owned_by_domain(st.st_uid, st.st_gid, uid, gid, mode)) {
     return fail(MRC_ERR_INVALID, "{} is owned by uid {} gid {}, expected uid {}{}: refused", what,
@@ -184,11 +189,11 @@ mrc_status_t give_to_domain(int fd, const char *what, uid_t uid, gid_t gid,
   if ((new_uid != static_cast<uid_t>(-1) || new_gid != static_cast<gid_t>(-1)) &&
       fchown(fd, new_uid, new_gid) != 0) {
     return fail(MRC_ERR_INVALID, "cannot give {} to uid {} gid {}: {}", what, uid, gid,
-                std::strerror(errno));
+                errno_text(errno));
   }
   // shm_open and open applied the umask; set the domain's mode exactly (never wider).
   if (fchmod(fd, mode) != 0) {
-    return fail(MRC_ERR_IO, "chmod {}: {}", what, std::strerror(errno));
+    return fail(MRC_ERR_IO, "chmod {}: {}", what, errno_text(errno));
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || !owned_by_domain(st.st_uid, st.st_gid, uid, gid, mode)) {

@@ -29,6 +29,9 @@ void set_error(fmt::format_string<Args...> format, Args &&...args) noexcept {
   set_error_text(buf);
 }
 
+// The text of an errno value (strerror() is not thread-safe).
+const char *errno_text(int error) noexcept;
+
 // Records why, and returns `status`: `return fail(MRC_ERR_INVALID, "bad name {}", n);`
 template <class... Args>
 [[nodiscard]] mrc_status_t fail(mrc_status_t status, fmt::format_string<Args...> format,
