@@ -404,8 +404,9 @@ TYPED_TEST(PgtableTest, RootWindowFollowsTheTree) {
       if (present == nullptr) continue;
       EXPECT_EQ(this->table_.lookup(region.start), &region);
       EXPECT_EQ(this->table_.lookup(region.end - 1), &region);
-      if (this->table_.lookup(region.end) != nullptr) {
-        EXPECT_EQ(this->table_.lookup(region.end)->start, region.end);
+      // One past the end: nothing, or the next region.
+      if (const PgtRegion *next = this->table_.lookup(region.end); next != nullptr) {
+        EXPECT_EQ(next->start, region.end);
       }
     }
   };
