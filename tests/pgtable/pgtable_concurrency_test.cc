@@ -124,6 +124,16 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
     removed_ = sequence;
   }
 
+  // A lookup's result, inside its guard: alive, containing the address, and not removed by a
+  // removal that completed (the `completed` count the reader read) before the lookup began.
+  void check_hit(PgtRegion *found, uintptr_t address, uint64_t completed) {
+    auto *region = static_cast<TestRegion *>(found);
+    if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
+    if (address < region->start || address >= region->end) failures_.fetch_add(1);
+    const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
+    if (removed_at != 0 && removed_at <= completed) stale_seen_.fetch_add(1);
+  }
+
   // Poisoned once no reader can hold it, and kept (poisoned) until the end, so that a late reader
   // reads poison, not reused memory.
   void retire_poisoned(TestRegion *region) {
@@ -158,12 +168,7 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
           if (const PgtRegion *must = expected(address); must != nullptr && found != must) {
             failures_.fetch_add(1);
           }
-          if (found == nullptr) continue;
-          auto *region = static_cast<TestRegion *>(found);
-          if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
-          if (address < region->start || address >= region->end) failures_.fetch_add(1);
-          const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
-          if (removed_at != 0 && removed_at <= done) stale_seen_.fetch_add(1);
+          if (found != nullptr) check_hit(found, address, done);
         }
         lookups_.fetch_add(count);
       });
@@ -219,11 +224,7 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
       }
       if (found != nullptr) {
         ++hits;
-        auto *region = static_cast<TestRegion *>(found);
-        if (region->alive.load(std::memory_order_relaxed) != kAlive) reclaimed_seen_.fetch_add(1);
-        if (address < region->start || address >= region->end) failures_.fetch_add(1);
-        const uint64_t removed_at = region->removed_at.load(std::memory_order_relaxed);
-        if (removed_at != 0 && removed_at <= completed) stale_seen_.fetch_add(1);
+        check_hit(found, address, completed);
       }
       if (rng() % 64 == 0) walk(rng);
     }
