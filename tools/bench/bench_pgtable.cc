@@ -20,12 +20,17 @@
 //   "ours" is PageTable's shape (128-slot inner nodes, 16-slot leaves).
 // PgtLookup/baseline/...: the same loop with a lookup that returns its argument: the harness's
 //   own cost, subtracted in the summary's "net" ratio.
+// PgtLookup/floor/...: one dependent load at a random cache line of a buffer as big as our table
+//   (huge pages, as our node pool maps them): what any lookup that must read one random line of a
+//   table that size costs on this machine. The summary sets it against UCX ("floor"): below
+//   0.5 there, half of UCX's time is within reach of a table of our size; above it, it is not.
 // EpochGuard, EpochGuardLookup, EpochGuardLookupRef: the cache's hit path piece by piece.
 // Layouts: dense = one-page regions separated by one-page gaps; mixed = heap-like, sizes 4 KiB to
 // 1 MiB (log-uniform), gaps 0 to 64 KiB; sparse = 1 to 16 pages at random over 47 bits.
 // At exit, a summary prints ours/UCX ratios of time and memory for every paired benchmark, each
 // time the fastest of 300 short batches (see fastest_batch_ns), and every lookup figure by shape.
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -330,6 +335,41 @@ void lookup_latency(benchmark::State &state, const std::string &name, Layout lay
   record(name, fastest_batch_ns(run, 1000), bytes, mapped);
 }
 
+// PgtLookup/floor/...: a random cycle through the lines of a buffer of our table's bytes, each
+// line holding the next one's address.
+void load_floor(benchmark::State &state, const std::string &name, Layout layout, size_t count) {
+  constexpr size_t kLine = 64;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t table_bytes = built<Ours<7, 4>>(layout, count).memory_bytes();
+  const size_t lines = std::max<size_t>(64, (table_bytes + kLine - 1) / kLine);
+  const size_t bytes = (lines * kLine + kHuge - 1) & ~(kHuge - 1);
+  // Mapped with a huge page's slack, then used from a huge-page boundary on.
+  void *mapped =
+      mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) {
+    state.SkipWithError("mmap failed");
+    return;
+  }
+  auto *buffer = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(mapped) + kHuge - 1) &
+                                          ~uintptr_t{kHuge - 1});
+  (void)madvise(buffer, bytes, MADV_HUGEPAGE);  // advice, as in the pool
+  std::vector<size_t> order(lines);
+  for (size_t i = 0; i < lines; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
+  for (size_t i = 0; i < lines; ++i) {
+    *reinterpret_cast<char **>(buffer + order[i] * kLine) = buffer + order[(i + 1) % lines] * kLine;
+  }
+  char *at = buffer + order[0] * kLine;
+  auto run = [&](size_t n) {
+    for (size_t k = 0; k < n; ++k) at = *reinterpret_cast<char **>(at);
+    benchmark::DoNotOptimize(at);
+  };
+  for (auto _ : state) run(1);
+  run(lines);  // once round the cycle: the fastest batch must not find it warmer than a lookup
+  record(name, fastest_batch_ns(run, 1000));
+  munmap(mapped, bytes + kHuge);
+}
+
 template <class Impl>
 void lookup_throughput(benchmark::State &state, const std::string &name, Layout layout,
                        size_t count) {
@@ -508,6 +548,20 @@ struct Summary {
       if (result.bytes_per_region >= 0) std::printf(" %9.1f", result.bytes_per_region);
       std::printf("\n");
     }
+    bool floors = false;
+    for (const auto &[name, floor] : results()) {
+      if (name.rfind("PgtLookup/floor/", 0) != 0) continue;
+      const auto ours = results().find(replace(name, "/floor/", "/ours/"));
+      const auto ucx = results().find(replace(name, "/floor/", "/ucx/"));
+      if (ours == results().end() || ucx == results().end() || ucx->second.ns <= 0) continue;
+      if (!floors) {
+        std::printf("\n%-40s %8s %8s %8s %11s %9s\n", "one random load (floor) vs UCX", "floor ns",
+                    "ours ns", "ucx ns", "floor/ucx", "ours/ucx");
+        floors = true;
+      }
+      std::printf("%-40s %8.2f %8.2f %8.2f %11.2f %9.2f\n", name.c_str(), floor.ns, ours->second.ns,
+                  ucx->second.ns, floor.ns / ucx->second.ns, ours->second.ns / ucx->second.ns);
+    }
     std::printf("\n%-44s %8s\n", "epoch guard and the hit path", "ns");
     for (const auto &[name, result] : results()) {
       if (name.rfind("Epoch", 0) == 0) std::printf("%-44s %8.2f\n", name.c_str(), result.ns);
@@ -531,6 +585,16 @@ struct Registrar {
     for (auto [layout, count] : cases) {
       register_table<Baseline>("", layout, count, false);
       register_table<Ours<7, 4>>("", layout, count, true);
+      if (count >= 1000000) {  // smaller tables sit in the caches: no floor worth printing
+        // Copies: clang does not let a lambda capture a structured binding.
+        const Layout floor_layout = layout;
+        const size_t floor_count = count;
+        std::string floor =
+            std::string("PgtLookup/floor/") + layout_name(layout) + "/" + std::to_string(count);
+        benchmark::RegisterBenchmark(floor.c_str(), [=](benchmark::State &s) {
+          load_floor(s, floor, floor_layout, floor_count);
+        });
+      }
 #if defined(MRC_HAVE_UCX)
       register_table<Ucx>("", layout, count, true);
 #endif
