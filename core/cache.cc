@@ -185,7 +185,7 @@ void Cache::destroy(Cache *cache) noexcept {
   for (Region *region = leftover; region != nullptr; region = region->live_next) {
     ++in_use;
     region->refcount.store(Region::kDead, std::memory_order_relaxed);
-    cache->finish(region);  // marks it kFinished; the live list is walked, not changed
+    cache->finish(region);  // pushes it on finished_; the live list is walked, not changed
   }
   {
     std::lock_guard lock(cache->mutex_);
@@ -379,9 +379,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
   {
     std::lock_guard lock(mutex_);
     ++slow_.gets_slow;
-    // Finished regions wait a few slow paths (deregistered already; only their memory and their
-    // watches wait): one walk of the leaving ring then takes them all.
-    if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
+    reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
     if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {
@@ -457,7 +455,7 @@ void Cache::remove_locked(Region *region) noexcept {
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
   region->change_flags(Region::kInvalid, Region::kInTable);
-  leave_table_locked(region);
+  ring_remove_locked(lru_hand_, region);
   if (registered) {
     --cached_regions_;
     cached_bytes_ -= region->length();
@@ -692,8 +690,6 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     ++slow_.uncacheable;
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
                         std::memory_order_relaxed);
-    ring_insert_locked(leaving_, region);
-    ++leaving_count_;
     region->refcount.store(1, std::memory_order_relaxed);
     *out = region;
     return MRC_OK;
@@ -728,13 +724,6 @@ void Cache::ring_remove_locked(Region *&head, Region *region) noexcept {
     if (head == region) head = region->lru_next;
   }
   region->lru_prev = region->lru_next = nullptr;
-}
-
-// Out of the LRU ring, into the leaving ring, where reap_finished_locked finds it finished.
-void Cache::leave_table_locked(Region *region) noexcept {
-  ring_remove_locked(lru_hand_, region);
-  ring_insert_locked(leaving_, region);
-  ++leaving_count_;
 }
 
 void Cache::live_insert_locked(Region *region) noexcept {
@@ -883,7 +872,7 @@ void Cache::end_registration(Region *region, bool deregister) noexcept {
 
 // The end of a region: its count is zero and it is out of the table, so no one can add a
 // callback any more. Never under mutex_ (the backend may munmap). No lock: a later holder of
-// mutex_ finds it kFinished in the leaving ring and retires it (reap_finished_locked).
+// mutex_ takes it from finished_ and retires it (reap_finished_locked).
 void Cache::finish(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   const bool forgotten = (flags & Region::kForgotten) != 0;
@@ -898,24 +887,26 @@ void Cache::finish(Region *region) noexcept {
   region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
-  region->change_flags(Region::kFinished);  // the last write: a reaper may retire it now
+  // The last write: a reaper may retire it once it is on the stack. Release: pairs with the
+  // reaper's exchange (later pushes continue the release sequence).
+  Region *head = finished_.load(std::memory_order_relaxed);
+  do {
+    region->gc_next = head;
+  } while (!finished_.compare_exchange_weak(head, region, std::memory_order_release,
+                                            std::memory_order_relaxed));
 }
 
-// Every finished region leaves the leaving ring and the live list and goes to the epoch domain
-// (in batches), which recycles its memory once no fast-path reader can still hold it. The walk
-// is as long as the ring: regions out of the table and still held, or finished since the last
-// reap.
+// Every finished region leaves the live list and goes to the epoch domain (in batches), which
+// recycles its memory once no fast-path reader can still hold it.
 void Cache::reap_finished_locked() noexcept {
-  Region *region = leaving_;
-  for (size_t count = leaving_count_; count != 0; --count) {
-    Region *next = region->lru_next;
-    if (region->has(Region::kFinished)) {  // acquire: the finisher's writes are visible
-      ring_remove_locked(leaving_, region);
-      --leaving_count_;
-      unlink_live_locked(region);
-      if (retiring_count_ == kRetireBatch) retire_batch_locked();
-      retiring_[retiring_count_++] = region;
-    }
+  if (finished_.load(std::memory_order_relaxed) == nullptr) return;
+  // Acquire: every finisher's writes to the regions it pushed are visible.
+  Region *region = finished_.exchange(nullptr, std::memory_order_acquire);
+  while (region != nullptr) {
+    Region *next = region->gc_next;
+    unlink_live_locked(region);
+    if (retiring_count_ == kRetireBatch) retire_batch_locked();
+    retiring_[retiring_count_++] = region;
     region = next;
   }
 }

@@ -15,12 +15,13 @@
 //   and the slow path runs) → CLOCK bit (a relaxed store, only when it was clear).
 //   Because the cursor is released only after the removals of a batch are applied, a thread
 //   that sees the queue drained also sees those regions gone.
-// - A region that leaves the table (or was never in it: uncached) joins the leaving ring
-//   (mutex_). The last put finishes it without any lock (deregistration, callbacks) and marks it
-//   kFinished (release store; the finisher's last write to it); a later holder of mutex_ finds
-//   it in the leaving ring (acquire load; the walk is as long as the ring: regions out of the
-//   table and still held, or finished since the last reap), unlinks it from the ring and the
-//   live list and retires it, unwatching its range and handing it to the epoch domain in batches.
+// - A region that leaves the table (or was never in it: uncached) is linked nowhere but the
+//   live list (mutex_). The last put finishes it without any lock (deregistration, callbacks)
+//   and pushes it on finished_ (release CAS; the finisher's last write to it); a later holder
+//   of mutex_ takes the whole stack (acquire exchange: every push before it is visible), unlinks
+//   each region from the live list and retires it, unwatching its range and handing it to the
+//   epoch domain in batches. So a reap costs what it retires, however many regions out of the
+//   table are still held.
 //   Region memory is recycled (pool) or freed only through the epoch domain, so a fast-path reader
 //   holding a stale pointer never touches reused memory.
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
@@ -90,7 +91,6 @@ struct Region : PgtRegion, mrc_region {
     kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
                             // an uncached region waiting on garbage_)
     kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
-    kFinished = 1U << 9,    // ended (deregistered, callbacks run): the next reap retires it
   };
   // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
   // earned it too; in the flags word above its bits.
@@ -116,7 +116,7 @@ struct Region : PgtRegion, mrc_region {
   uint64_t key = 0;
   mrc_status_t failure = MRC_OK;  // for kFailed entries
   Cache *cache = nullptr;
-  Region *lru_prev = nullptr;  // mutex_: the LRU ring (cached regions) or the leaving ring
+  Region *lru_prev = nullptr;  // mutex_: the LRU ring (cached regions)
   Region *lru_next = nullptr;
   Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
   Region *live_next = nullptr;
@@ -231,11 +231,10 @@ class Cache {
   size_t evict_unused_locked() noexcept;
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot,
                                Region **out) noexcept;
-  // The rings through lru_prev/lru_next: the LRU ring (head lru_hand_) and the leaving ring
-  // (head leaving_). Inserted just behind the head: the last one a walk from the head reaches.
+  // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
+  // last one a walk from the head reaches.
   static void ring_insert_locked(Region *&head, Region *region) noexcept;
   static void ring_remove_locked(Region *&head, Region *region) noexcept;
-  void leave_table_locked(Region *region) noexcept;
 
   void purge_locked(bool deregister) noexcept;
   // Clears kParkable and takes back region's parked references: at once from the caller's own
@@ -249,8 +248,8 @@ class Cache {
   void live_insert_locked(Region *region) noexcept;
 
   // Dropping references. A region whose count reached zero is finished outside mutex_ (on the
-  // put path, or after the lock for those collected on deferred_), then unlinked from the
-  // leaving ring and the live list and retired by reap_finished_locked.
+  // put path, or after the lock for those collected on deferred_) and pushed on finished_, then
+  // unlinked from the live list and retired by reap_finished_locked.
   void release(Region *region) noexcept;
   void defer_locked(Region *region) noexcept;
   Region *take_deferred_locked() noexcept;
@@ -291,12 +290,10 @@ class Cache {
   Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
   std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
   std::atomic<uint64_t> garbage_bytes_{0};
-  Region *leaving_ = nullptr;  // mutex_: the leaving ring (out of the table, not yet retired)
-  size_t leaving_count_ = 0;   // mutex_
+  std::atomic<Region *> finished_{nullptr};  // finished, not yet retired (SYNCHRONIZATION)
   // mutex_: unlinked from the live list, retired to the epoch domain in batches (one object
   // per batch).
   static constexpr size_t kRetireBatch = 32;
-  static constexpr uint64_t kReapEvery = 8;  // slow-path gets per reap of the leaving ring
   Region *retiring_[kRetireBatch] = {};
   size_t retiring_count_ = 0;
 

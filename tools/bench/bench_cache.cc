@@ -96,8 +96,7 @@ BENCHMARK(BM_CacheHit)->ArgName("shared")->Arg(0)->Arg(1)->Threads(1)->Threads(2
 
 // Miss in a range already watched: get + put + invalidate, so each iteration registers anew.
 // A neighbour region in the same mapping keeps the mapping watched.
-void BM_CacheMissWatched(benchmark::State &state) {
-  Ours &o = ours();
+void miss_watched(benchmark::State &state, Ours &o) {
   char *address = o.region(kHitRegions - 1);
   mrc_region_t *anchor = nullptr;
   if (mrc_get(o.cache, address + (kRegionPages - 1) * kPage, kPage, MRC_PROT_READ, &anchor) !=
@@ -114,7 +113,27 @@ void BM_CacheMissWatched(benchmark::State &state) {
   state.SetItemsProcessed(state.iterations());
   report_mode(state);
 }
+void BM_CacheMissWatched(benchmark::State &state) { miss_watched(state, ours()); }
 BENCHMARK(BM_CacheMissWatched);
+
+// The same miss while the application holds `held` regions that left the cache (invalidated,
+// still referenced): what the miss costs must not grow with them.
+void BM_CacheMissWatchedHeldOut(benchmark::State &state) {
+  Ours &o = ours();
+  const auto held = static_cast<size_t>(state.range(0));
+  char *pool = held != 0 ? map_region_pool(held, 1) : nullptr;
+  std::vector<mrc_region_t *> regions(held);
+  for (size_t i = 0; i < held; ++i) {
+    if (mrc_get(o.cache, pool + i * 2 * kPage, kPage, MRC_PROT_READ, &regions[i]) != MRC_OK) {
+      std::abort();
+    }
+    mrc_invalidate(o.cache, regions[i], nullptr, nullptr);
+  }
+  miss_watched(state, o);
+  for (mrc_region_t *region : regions) mrc_put(o.cache, region);
+  if (pool != nullptr) munmap(pool, held * 2 * kPage);
+}
+BENCHMARK(BM_CacheMissWatchedHeldOut)->ArgName("held")->Arg(0)->Arg(10000);
 
 // The life of a hot region: a miss, kHotHits hits (enough for our cache to park the reference),
 // then invalidate while held and the last put. Ours pays for its lock-free hits here: the
