@@ -379,7 +379,9 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
   {
     std::lock_guard lock(mutex_);
     ++slow_.gets_slow;
-    reap_finished_locked();
+    // Finished regions wait a few slow paths (deregistered already; only their memory and their
+    // watches wait): one exchange then takes them all.
+    if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
     if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {

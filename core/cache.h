@@ -294,6 +294,7 @@ class Cache {
   // mutex_: unlinked from the live list, retired to the epoch domain in batches (one object
   // per batch).
   static constexpr size_t kRetireBatch = 32;
+  static constexpr uint64_t kReapEvery = 8;  // slow-path gets per reap of finished_
   Region *retiring_[kRetireBatch] = {};
   size_t retiring_count_ = 0;
 
