@@ -37,8 +37,9 @@
 //   sizes mix, the leaf's slot is read without a branch (conditional moves). The bounds check is
 //   a branch, not a data dependency, so a hit does not wait for it; it is made for regions found
 //   in slots wider than a page (a region found in a page's slot covers the page, and its line is
-//   not read). A skipped level is the predicted-not-taken case, and a hint predicts the root's
-//   level.
+//   not read). A skipped level is the predicted-not-taken case; the entry of a node below skipped
+//   levels carries the node's level, so that its prefix check (a header load) is a branch off
+//   the path too; and a hint predicts the root's level.
 // - Root window: when the root is an inner node at level 2 (every region inside one level-2 node's
 //   block: 1 GiB for PageTable) and the blocks its slots cover are mostly split into level-1
 //   nodes, the level-1 slots of those blocks are also laid out as one array, the
@@ -112,6 +113,7 @@
 #include <type_traits>
 
 #include "mrcache/mrcache.h"
+#include "pgtable/check.h"
 #include "pgtable/epoch.h"
 #include "pgtable/node_pool.h"
 
@@ -232,11 +234,16 @@ class RadixPageTable {
   static_assert(slot_shift(kLevels) < 64, "the root slot's block must fit in an address");
 
  private:
-  // Entry tags: 00 region (or 0), 01 node, 11 node below skipped levels, 10 flat node.
+  // Entry tags: 00 region (or 0), 01 node, 11 node below skipped levels, 10 flat node. An entry
+  // of a node below skipped levels also holds the node's level, above the address bits (nodes
+  // are user memory, below kAddressLimit): lookup() computes the next index from the entry,
+  // without waiting for the node's header.
   static constexpr uintptr_t kNodeTag = 1;
   static constexpr uintptr_t kSkipTag = 2;
   static constexpr uintptr_t kFlatTag = 2;
   static constexpr uintptr_t kTagMask = kNodeTag | kSkipTag;
+  static constexpr unsigned kEntryLevelShift = kAddressBits;
+  static_assert(kLevels <= (uintptr_t{1} << (64 - kEntryLevelShift)));
   // A header's low bits hold the node's level; its block is aligned far beyond them.
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
@@ -345,7 +352,7 @@ class RadixPageTable {
   // Any kind of node (the writer's and the walks' view); lookup() follows kNodeTag itself.
   static bool is_node(uintptr_t entry) { return (entry & kTagMask) != 0; }
   static bool is_flat(uintptr_t entry) { return (entry & kTagMask) == kFlatTag; }
-  static uintptr_t pointer_of(uintptr_t entry) { return entry & ~kTagMask; }
+  static uintptr_t pointer_of(uintptr_t entry) { return entry & (kAddressLimit - 1) & ~kTagMask; }
   // Both kinds start with the header word.
   static uintptr_t header_of(uintptr_t node) { return *reinterpret_cast<const uintptr_t *>(node); }
   static unsigned level_in(uintptr_t header) { return static_cast<unsigned>(header & kLevelMask); }
@@ -357,7 +364,9 @@ class RadixPageTable {
   static PgtRegion *region_of(uintptr_t entry) { return reinterpret_cast<PgtRegion *>(entry); }
   static uintptr_t node_entry(NodeRef node, unsigned slot_level) {
     if (node.flat) return node.ptr | kFlatTag;  // read with its prefix checked, wherever it sits
-    return node.ptr | kNodeTag | (node.level + 1 == slot_level ? 0 : kSkipTag);
+    if (node.level + 1 == slot_level) return node.ptr | kNodeTag;
+    MRC_DASSERT(node.ptr < kAddressLimit);
+    return node.ptr | kNodeTag | kSkipTag | (uintptr_t{node.level} << kEntryLevelShift);
   }
   static size_t node_bytes(NodeRef node) {
     return node.level == 0 ? sizeof(LeafNode) : node.flat ? sizeof(FlatNode) : sizeof(InnerNode);
@@ -609,12 +618,11 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
         if (__builtin_expect((entry & kSkipTag) == 0, 1)) {
           --level;  // the usual case, taken as predicted
         } else {
-          // A path-compressed child covers only part of the slot: its level and prefix are in its
-          // header.
-          const uintptr_t child = entry - kTagMask;
-          const uintptr_t child_header = header_of(child);
-          level = level_in(child_header);
-          if (((address ^ child_header) >> slot_shift(level + 1)) != 0) return nullptr;
+          // A path-compressed child covers only part of the slot: its level is in the entry, its
+          // prefix in its header (checked by a branch: the next load does not wait for it).
+          const uintptr_t child = pointer_of(entry);
+          level = static_cast<unsigned>(entry >> kEntryLevelShift);
+          if (((address ^ header_of(child)) >> slot_shift(level + 1)) != 0) return nullptr;
           link = child + kNodeTag;
         }
         entry = linked_slot(link, (address >> slot_shift(level)) & (fanout(level) - 1))

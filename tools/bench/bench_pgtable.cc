@@ -26,7 +26,8 @@
 //   0.5 there, half of UCX's time is within reach of a table of our size; above it, it is not.
 // EpochGuard, EpochGuardLookup, EpochGuardLookupRef: the cache's hit path piece by piece.
 // Layouts: dense = one-page regions separated by one-page gaps; mixed = heap-like, sizes 4 KiB to
-// 1 MiB (log-uniform), gaps 0 to 64 KiB; sparse = 1 to 16 pages at random over 47 bits.
+// 1 MiB (log-uniform), gaps 0 to 64 KiB; split = mixed, half in the mmap area and half where
+// brk's heap is (a process registering both); sparse = 1 to 16 pages at random over 47 bits.
 // At exit, a summary prints ours/UCX ratios of time and memory for every paired benchmark, each
 // time the fastest of 300 short batches (see fastest_batch_ns), and every lookup figure by shape.
 #include <benchmark/benchmark.h>
@@ -64,11 +65,12 @@ constexpr size_t kAddresses = size_t{1} << 20;
 
 // ---- layouts -----------------------------------------------------------------------------------
 
-enum class Layout { kDense, kMixed, kSparse };
+enum class Layout { kDense, kMixed, kSplit, kSparse };
 const char *layout_name(Layout layout) {
   switch (layout) {
     case Layout::kDense: return "dense";
     case Layout::kMixed: return "mixed";
+    case Layout::kSplit: return "split";
     case Layout::kSparse: return "sparse";
   }
   return "?";
@@ -87,10 +89,12 @@ std::vector<Range> make_layout(Layout layout, size_t count) {
     const uintptr_t base = 0x7f0000000000;
     for (size_t i = 0; i < count; ++i)
       ranges.push_back({base + 2 * i * kPage, base + (2 * i + 1) * kPage});
-  } else if (layout == Layout::kMixed) {
-    uintptr_t at = 0x7f0000000000;
+  } else if (layout == Layout::kMixed || layout == Layout::kSplit) {
+    // Split: the first half after the program, where brk's heap is; the rest in the mmap area.
+    uintptr_t at = layout == Layout::kSplit ? 0x555555000000 : 0x7f0000000000;
     std::uniform_real_distribution<double> log_size(12.0, 20.0);
     for (size_t i = 0; i < count; ++i) {
+      if (layout == Layout::kSplit && i == count / 2) at = 0x7f0000000000;
       at += (rng() % 17) * kPage;
       const auto bytes = static_cast<uintptr_t>(std::exp2(log_size(rng)));
       const uintptr_t pages = std::max<uintptr_t>(1, bytes / kPage);
@@ -578,9 +582,9 @@ struct Registrar {
     (void)summary;
     benchmark::RegisterBenchmark("EpochGuard", &epoch_guard);
     const std::pair<Layout, size_t> cases[] = {
-        {Layout::kDense, 1},        {Layout::kDense, 1000},    {Layout::kMixed, 1000},
-        {Layout::kSparse, 1000},    {Layout::kDense, 1000000}, {Layout::kMixed, 1000000},
-        {Layout::kSparse, 1000000},
+        {Layout::kDense, 1},       {Layout::kDense, 1000},     {Layout::kMixed, 1000},
+        {Layout::kSplit, 1000},    {Layout::kSparse, 1000},    {Layout::kDense, 1000000},
+        {Layout::kMixed, 1000000}, {Layout::kSparse, 1000000},
     };
     for (auto [layout, count] : cases) {
       register_table<Baseline>("", layout, count, false);
