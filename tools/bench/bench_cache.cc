@@ -117,11 +117,11 @@ void BM_CacheMissWatched(benchmark::State &state) { miss_watched(state, ours());
 BENCHMARK(BM_CacheMissWatched);
 
 // The same miss while the application holds `held` regions that left the cache (invalidated,
-// still referenced): what the miss costs must not grow with them.
+// still referenced): it must cost what BM_CacheMissWatched costs, however many are held.
 void BM_CacheMissWatchedHeldOut(benchmark::State &state) {
   Ours &o = ours();
   const auto held = static_cast<size_t>(state.range(0));
-  char *pool = held != 0 ? map_region_pool(held, 1) : nullptr;
+  char *pool = map_region_pool(held, 1);
   std::vector<mrc_region_t *> regions(held);
   for (size_t i = 0; i < held; ++i) {
     if (mrc_get(o.cache, pool + i * 2 * kPage, kPage, MRC_PROT_READ, &regions[i]) != MRC_OK) {
@@ -131,9 +131,9 @@ void BM_CacheMissWatchedHeldOut(benchmark::State &state) {
   }
   miss_watched(state, o);
   for (mrc_region_t *region : regions) mrc_put(o.cache, region);
-  if (pool != nullptr) munmap(pool, held * 2 * kPage);
+  munmap(pool, held * 2 * kPage);
 }
-BENCHMARK(BM_CacheMissWatchedHeldOut)->ArgName("held")->Arg(0)->Arg(10000);
+BENCHMARK(BM_CacheMissWatchedHeldOut)->ArgName("held")->Arg(10000);
 
 // The life of a hot region: a miss, kHotHits hits (enough for our cache to park the reference),
 // then invalidate while held and the last put. Ours pays for its lock-free hits here: the
