@@ -40,17 +40,21 @@
 //   not read). A skipped level is the predicted-not-taken case; the entry of a node below skipped
 //   levels carries the node's level, so that its prefix check (a header load) is a branch off
 //   the path too; and a hint predicts the root's level.
-// - Root window: when the root is an inner node at level 2 (every region inside one level-2 node's
+// - Windows: when the root is an inner node at level 2 (every region inside one level-2 node's
 //   block: 1 GiB for PageTable) and the blocks its slots cover are mostly split into level-1
 //   nodes, the level-1 slots of those blocks are also laid out as one array, the
 //   window (the nodes' slots side by side, a slot of the root that holds a region or a flat node
 //   spelled out as level-1 slots). lookup() then starts at the window, indexed by the address
-//   alone: one dependent load less than through the root. The window mirrors the tree (the
-//   writer stores every change of a level-1 node's slot or a root slot in both, before retiring
-//   anything the old value pointed to); it is rebuilt when the root's occupied slots outgrow it,
-//   and dropped when the root changes or its slots thin out. It covers the root's occupied slots
-//   only; it is built when at least half of them hold a node and kept while a quarter do, so it
-//   costs at most four times the bytes of the level-1 nodes it mirrors.
+//   alone: one dependent load less than through the root. A root above that holds nothing but
+//   up to kWindows level-2 nodes (a process's heap and mmap area, 40 TiB apart) gets a window
+//   for each of them by the same rule; lookup() picks the one holding the address without a
+//   branch, saving the root's and the level-2 node's loads. A window mirrors the tree (the
+//   writer stores every change of a level-1 node's slot or of the mirrored node's slots in both,
+//   before retiring anything the old value pointed to); it is rebuilt when the node's occupied
+//   slots outgrow it, and dropped when its node stops being one of those (retired, or the root
+//   holds something else) or its slots thin out. It covers the node's occupied slots only; it is
+//   built when at least half of them hold a node and kept while a quarter do, so it costs at most
+//   four times the bytes of the level-1 nodes it mirrors.
 // - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
 //   only where two regions meet inside one), wide inner nodes keep the tree shallow;
 //   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
@@ -69,7 +73,7 @@
 //     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
 //     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
 //     node's occupancy bitmap and child count, the kept nodes and the hint to the last one used,
-//     the window's bookkeeping (window_root_ and the root slots it covers), and the node pool,
+//     the windows' bookkeeping (the nodes they mirror and the slots they cover), and the node pool,
 //     are the writer's alone;
 //     readers never read them.
 //   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
@@ -90,12 +94,12 @@
 //     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
 //     region that does not contain the address (it checks the bounds of every region it finds in
 //     a slot wider than a page; a page slot only ever holds a region covering that page).
-//   Window: published with a release store into window_ (complete, filled from the tree), kept
-//     equal to the tree slot by slot, replaced or dropped (window_ set to another window or null)
-//     and then retired to the EpochDomain. A reader that loaded an old window may read slots the
-//     writer no longer updates: it started before the change that made them stale, so either
-//     answer is allowed, and every node they point to was retired after the reader's guard began
-//     (it waits for the reader).
+//   Windows: published with a release store into windows_[k] (complete, filled from the tree),
+//     kept equal to the tree slot by slot, replaced or dropped (windows_[k] set to another window
+//     or null) and then retired to the EpochDomain. A reader that loaded an old window may read
+//     slots the writer no longer updates: it started before the change that made them stale, so
+//     either answer is allowed, and every node they point to was retired after the reader's guard
+//     began (it waits for the reader).
 //   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
 //     it to the pool, which hands it out again only after a grace period of the EpochDomain:
 //     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
@@ -197,7 +201,7 @@ class RadixPageTable {
 
   size_t size() const noexcept { return size_.load(std::memory_order_relaxed); }
   // Bytes of live nodes (object sizes; the pool's free and waiting nodes excluded) and of the
-  // root window.
+  // windows.
   size_t memory_bytes() const noexcept { return bytes_.load(std::memory_order_relaxed); }
   size_t node_count() const noexcept { return nodes_.load(std::memory_order_relaxed); }
   EpochDomain &domain() const noexcept { return domain_; }
@@ -209,10 +213,14 @@ class RadixPageTable {
   size_t kept_count() const noexcept { return kept_count_; }
   // Writer: collapses every kept node, leaving the canonical form.
   void settle() noexcept;
-  // Writer: level-1 slots in the root window (0: no window), for tests and statistics.
+  // Writer: level-1 slots in the windows (0: none), for tests and statistics.
   size_t window_slots() const noexcept {
-    const Window *window = window_.load(std::memory_order_relaxed);
-    return window == nullptr ? 0 : window->count;
+    size_t slots = 0;
+    for (const std::atomic<Window *> &window : windows_) {
+      const Window *w = window.load(std::memory_order_relaxed);
+      slots += w == nullptr ? 0 : w->count;
+    }
+    return slots;
   }
 
   // Writer, for tests: checks the canonical form, the headers and the counters. False on any
@@ -248,15 +256,19 @@ class RadixPageTable {
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
   static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
-  // The root's level when it has a window (see the shape notes), and the window's layout: a
+  // The level of the nodes windows mirror (see the shape notes), and a window's layout: a
   // header, then count level-1 slots (the blocks from first << slot_shift(1) on).
   static constexpr unsigned kWindowLevel = 2;
   static_assert(kLevels > kWindowLevel);
+  // Windows at most: the root's, or one for each of the first level-2 nodes right below a higher
+  // root (clusters far apart, e.g. the heap and the mmap area).
+  static constexpr unsigned kWindows = 2;  // lookup() reads both
   struct alignas(64) Window {
     uintptr_t bias;   // the slots' address minus first slots: lookup()'s base
     uintptr_t first;  // the first slot's block number (its address >> slot_shift(1))
     uintptr_t count;
-    size_t bytes;  // allocated
+    size_t bytes;     // allocated
+    uintptr_t whole;  // 1: it mirrors the root, so no region lies outside it
     std::atomic<uintptr_t> *slots() { return reinterpret_cast<std::atomic<uintptr_t> *>(this + 1); }
     const std::atomic<uintptr_t> *slots() const {
       return reinterpret_cast<const std::atomic<uintptr_t> *>(this + 1);
@@ -429,14 +441,16 @@ class RadixPageTable {
   void window_follow(NodeRef node, unsigned index, uintptr_t updated) noexcept;
   template <class Fn>
   static void spell_out(uintptr_t entry, uintptr_t block, Fn &&fn);
-  // The end of a change: the window fitted to the root if the root or its slots changed.
+  // The end of a change: the windows fitted to the tree if the root or a candidate changed.
   mrc_status_t changed(mrc_status_t status) noexcept {
     if (window_check_) refresh_window();
     return status;
   }
   void refresh_window() noexcept;
-  void build_window(NodeRef root, unsigned lo, unsigned hi) noexcept;
-  void replace_window(Window *window) noexcept;
+  unsigned window_candidates(NodeRef (&candidates)[kWindows], bool &whole) const noexcept;
+  void fit_window(unsigned k, const NodeRef *node, bool whole) noexcept;
+  void build_window(unsigned k, NodeRef node, unsigned lo, unsigned hi, bool whole) noexcept;
+  void replace_window(unsigned k, Window *window) noexcept;
   bool check_window() const noexcept;
 
   template <class Visit>
@@ -485,8 +499,8 @@ class RadixPageTable {
   bool check_entry(uintptr_t entry, unsigned level, uintptr_t block, Census &census) const noexcept;
 
   std::atomic<uintptr_t> root_{0};
-  std::atomic<Window *> window_{nullptr};  // see the shape notes; on root_'s line
-  std::atomic<unsigned> root_level_{0};    // the root node's level: a hint, written after root_
+  std::atomic<Window *> windows_[kWindows] = {};  // see the shape notes; on root_'s line
+  std::atomic<unsigned> root_level_{0};  // the root node's level: a hint, written after root_
   std::atomic<size_t> size_{0};
   std::atomic<size_t> nodes_{0};
   std::atomic<size_t> bytes_{0};
@@ -510,13 +524,19 @@ class RadixPageTable {
   uintptr_t hint_node_ = 0;
   uintptr_t hint_base_ = 0;
   unsigned hint_level_ = 0;
-  // Writer only: the root node the window mirrors (0: no window), the root slots it covers
-  // [window_lo_, window_hi_), a copy of its header (no other cache line to read when set_slot()
-  // mirrors a change), and whether the root or a level-2 slot changed since the window was last
-  // fitted to the root (refresh_window()).
-  uintptr_t window_root_ = 0;
-  unsigned window_lo_ = 0, window_hi_ = 0;
-  uintptr_t window_first_ = 0, window_count_ = 0, window_bias_ = 0;
+  // Writer only, for each window: the level-2 node it mirrors (0: no window), the node's slots it
+  // covers [lo, hi), and a copy of its header (no other cache line to read when set_slot()
+  // mirrors a change). The nodes that may have windows (window_candidates()), whether any window
+  // exists, and whether the root or a candidate's slot changed since the windows were last
+  // fitted (refresh_window()).
+  struct WindowFit {
+    uintptr_t node = 0;
+    unsigned lo = 0, hi = 0;
+    uintptr_t first = 0, count = 0, bias = 0;
+  };
+  WindowFit fit_[kWindows];
+  uintptr_t window_nodes_[kWindows] = {};
+  bool windows_on_ = false;
   bool window_check_ = false;
 };
 
@@ -565,14 +585,26 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
     if ((entry & kNodeTag) != 0) {
       // A table with a window (see the shape notes) has the same shape for a long time: the branch
       // predicts well, and the window's header does not wait for the address.
-      if (const Window *window = window_.load(std::memory_order_acquire); window != nullptr) {
+      if (const Window *window = windows_[0].load(std::memory_order_acquire); window != nullptr) {
         const uintptr_t block = address >> slot_shift(1);
-        if (block - window->first >= window->count) return nullptr;  // no region outside it
-        entry = reinterpret_cast<const std::atomic<uintptr_t> *>(window->bias +
-                                                                 block * sizeof(uintptr_t))
-                    ->load(std::memory_order_acquire);
-        entry = below_level1(entry, address, bounds);
-        return checked(entry, bounds, address);
+        uintptr_t bias = window->bias;
+        bool inside = block - window->first < window->count;
+        if (const Window *other = windows_[1].load(std::memory_order_acquire); other != nullptr) {
+          // Two clusters, a window each: the bias of the one whose blocks hold the address,
+          // chosen without a branch (lookups go to either) from headers that do not wait for it.
+          const bool in_other = block - other->first < other->count;
+          const uintptr_t mask = uintptr_t{0} - uintptr_t{in_other};
+          bias = (other->bias & mask) | (bias & ~mask);
+          inside = inside || in_other;
+        }
+        if (inside) {
+          entry = reinterpret_cast<const std::atomic<uintptr_t> *>(bias + block * sizeof(uintptr_t))
+                      ->load(std::memory_order_acquire);
+          entry = below_level1(entry, address, bounds);
+          return checked(entry, bounds, address);
+        }
+        if (window->whole != 0) return nullptr;  // no region outside it
+        // Elsewhere: through the tree.
       }
       const uintptr_t node = pointer_of(entry);
       // A guess of the root node's level (checked against its header below) lets the first index
@@ -711,7 +743,9 @@ void RadixPageTable<kInnerBits, kLeafBits>::purge_walk(uintptr_t entry, const Pg
 template <unsigned kInnerBits, unsigned kLeafBits>
 template <class OnRegion>
 void RadixPageTable<kInnerBits, kLeafBits>::purge(OnRegion &&on_region) {
-  replace_window(nullptr);  // before the nodes it points to are retired
+  // The windows go before the nodes they point to are retired.
+  for (unsigned k = 0; k < kWindows; ++k) replace_window(k, nullptr);
+  for (uintptr_t &node : window_nodes_) node = 0;
   const uintptr_t root = root_.load(std::memory_order_relaxed);
   root_.store(0, std::memory_order_release);
   size_.store(0, std::memory_order_relaxed);
@@ -769,7 +803,8 @@ MRC_PGTABLE_SHAPES(MRC_PGTABLE_EXTERN)
 // directories where regions are dense, and far less where they are mixed or sparse (a leaf only
 // where two regions meet inside 64 KiB); 128-slot inner nodes resolve 7 bits per load, so 1,000
 // regions in 8 MiB take 3 dependent loads (UCX: 4), 1,000 heap-like regions in 200 MiB take 2
-// through the root window (UCX: 4), and 10^6 regions in 8 GiB take 5 (UCX: 7).
+// through the root window (UCX: 4), as do those split between the heap and the mmap area
+// through two windows, and 10^6 regions in 8 GiB take 5 (UCX: 7).
 class PageTable : public detail::RadixPageTable<7, 4> {
  public:
   using RadixPageTable::RadixPageTable;

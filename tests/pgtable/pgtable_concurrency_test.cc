@@ -376,7 +376,8 @@ TEST_P(PgtableConcurrencyTest, FlatNodesComeAndGoUnderReaders) {
 // has a window; each cycle the writer adds regions between the permanent ones (changes of level-1
 // slots), pairs of regions in further level-1 blocks (new nodes: the window grows), a lone region
 // at the root's far end (too sparse: no window), a region in another root block (the root moves
-// up: no window), and takes them away again in random order.
+// up: no window), a cluster of level-1 nodes far away (the root moves up over two level-2 nodes:
+// a window each, and lookups choose between them), and takes them away again in random order.
 TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
   ASSERT_EQ(table_.remove(permanent_.back().get()), MRC_OK);  // the far one
   table_.settle();
@@ -384,11 +385,17 @@ TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
   constexpr uintptr_t kBlock = PageTable::block_size(2);
   constexpr uintptr_t kNearEnd = kNear + kPermanent * kStride * kPage;
   static_assert(kNearEnd % kBlock == 0 && kNear % PageTable::block_size(3) == 0);
-  // The permanent regions' blocks, the blocks the writer fills, the root's far end.
+  constexpr uintptr_t kCluster = 0x555540000000;  // a level-2 node's block, far from kNear's
+  static_assert(kCluster % PageTable::block_size(3) == 0);
+  // The permanent regions' blocks, the blocks the writer fills up to the root's far end, the far
+  // cluster's.
   start_shape_readers(
       [](std::mt19937_64 &rng) {
-        return rng() % 2 == 0 ? kNear + rng() % (kNearEnd - kNear)
-                              : kNearEnd + rng() % (PageTable::kInnerFanout * kBlock);
+        switch (rng() % 3) {
+          case 0: return kNear + rng() % (kNearEnd - kNear);
+          case 1: return kNearEnd + rng() % (PageTable::kInnerFanout * kBlock);
+          default: return kCluster + rng() % (2 * kBlock);
+        }
       },
       [this](uintptr_t address) -> PgtRegion * { return permanent_at(address); });
 
@@ -418,6 +425,13 @@ TEST_P(PgtableConcurrencyTest, RootWindowComesAndGoesUnderReaders) {
       added.push_back(new TestRegion(at, at + kPage));
     }
     if (rng() % 4 == 0) added.push_back(new TestRegion(kFar, kFar + kPage));
+    if (rng() % 4 == 0) {
+      for (uintptr_t b = 0; b < 2; ++b) {
+        const uintptr_t at = kCluster + b * kBlock + (rng() % 64) * kPage;
+        added.push_back(new TestRegion(at, at + kPage));
+        added.push_back(new TestRegion(at + kBlock / 2, at + kBlock / 2 + kPage));
+      }
+    }
     for (uintptr_t gap = rng() % 16; gap < kPermanent; gap += 16) {
       const uintptr_t at = kNear + (gap * kStride + 1 + rng() % (kStride - 1)) * kPage;
       added.push_back(new TestRegion(at, at + kPage));

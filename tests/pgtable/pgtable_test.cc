@@ -39,6 +39,24 @@ class PgtableTest : public ::testing::Test {
     table_.for_each_overlapping(from, to, [&](PgtRegion *region) { found.push_back(region); });
     return found;
   }
+  // The invariants hold, and every region in the table is found at its first and last byte, and
+  // one past its end finds nothing or the next region.
+  void verify_lookups(const char *step) {
+    SCOPED_TRACE(step);
+    EXPECT_TRUE(table_.check_invariants());
+    for (const PgtRegion &region : regions_) {
+      PgtRegion *present = nullptr;
+      table_.for_each_overlapping(region.start, region.start + 1, [&](PgtRegion *found) {
+        present = found == &region ? found : present;
+      });
+      if (present == nullptr) continue;
+      EXPECT_EQ(table_.lookup(region.start), &region);
+      EXPECT_EQ(table_.lookup(region.end - 1), &region);
+      if (const PgtRegion *next = table_.lookup(region.end); next != nullptr) {
+        EXPECT_EQ(next->start, region.end);
+      }
+    }
+  }
 
   EpochDomain domain_;
   Table table_{domain_};
@@ -393,23 +411,7 @@ TYPED_TEST(PgtableTest, RootWindowFollowsTheTree) {
   const uintptr_t base = 0x7f0000000000;  // aligned to the level-2 root's block in every shape
   const uintptr_t block = Table::block_size(2);  // a root slot's: one level-1 node's block
   const uintptr_t slot = Table::block_size(1);   // a level-1 slot's
-  auto verify = [&](const char *step) {
-    SCOPED_TRACE(step);
-    EXPECT_TRUE(this->table_.check_invariants());
-    for (const PgtRegion &region : this->regions_) {
-      PgtRegion *present = nullptr;
-      this->table_.for_each_overlapping(region.start, region.start + 1, [&](PgtRegion *found) {
-        present = found == &region ? found : present;
-      });
-      if (present == nullptr) continue;
-      EXPECT_EQ(this->table_.lookup(region.start), &region);
-      EXPECT_EQ(this->table_.lookup(region.end - 1), &region);
-      // One past the end: nothing, or the next region.
-      if (const PgtRegion *next = this->table_.lookup(region.end); next != nullptr) {
-        EXPECT_EQ(next->start, region.end);
-      }
-    }
-  };
+  auto verify = [this](const char *step) { this->verify_lookups(step); };
   // Two regions in each of the first two root slots' blocks: two level-1 nodes.
   std::vector<PgtRegion *> pairs;
   for (uintptr_t b = 0; b < 2; ++b) {
@@ -431,7 +433,8 @@ TYPED_TEST(PgtableTest, RootWindowFollowsTheTree) {
   EXPECT_EQ(this->table_.lookup(base + 3 * block + 2 * slot), nullptr);
   EXPECT_EQ(this->table_.lookup(base + 2 * block + block / 2), wide);
 
-  // A region in another root block: the root moves up a level, and the window goes.
+  // A region in another root block: the root moves up a level, and the window goes (the root
+  // holds a region besides the level-2 node: see ClustersFarApartKeepAWindowEach).
   PgtRegion *far =
       this->add(base + 5 * Table::block_size(3), base + 5 * Table::block_size(3) + kPage);
   EXPECT_EQ(this->table_.window_slots(), 0u);
@@ -471,6 +474,60 @@ TYPED_TEST(PgtableTest, RootWindowFollowsTheTree) {
   EXPECT_GT(this->table_.memory_bytes(), 2 * Table::kInnerFanout * sizeof(uintptr_t) +
                                              this->table_.node_count() * sizeof(uintptr_t));
   this->table_.purge([](PgtRegion *) {});
+  EXPECT_EQ(this->table_.window_slots(), 0u);
+  EXPECT_EQ(this->table_.memory_bytes(), 0u);
+}
+
+// Clusters far apart (a process's heap and mmap area) put the root high; when the root holds just
+// two level-2 nodes, each gets a window of its own, and lookups pick the right one. With a third
+// cluster there are none (lookups go through the tree); when one cluster is left, its node is the
+// root and its window holds every region again.
+TYPED_TEST(PgtableTest, ClustersFarApartKeepAWindowEach) {
+  using Table = TypeParam;
+  const uintptr_t cluster = Table::block_size(3);  // a level-2 node's block
+  const uintptr_t block = Table::block_size(2);
+  const uintptr_t slot = Table::block_size(1);
+  const uintptr_t heap = 0x555555000000 & ~(cluster - 1);
+  const uintptr_t middle = 0x600000000000;
+  const uintptr_t mmap_area = 0x7f0000000000;
+  // Two level-1 nodes in the first two blocks of a cluster.
+  auto fill = [&](uintptr_t base) {
+    std::vector<PgtRegion *> added;
+    for (uintptr_t b = 0; b < 2; ++b) {
+      added.push_back(this->add(base + b * block, base + b * block + kPage));
+      added.push_back(this->add(base + b * block + slot + kPage, base + b * block + 2 * slot));
+    }
+    return added;
+  };
+  auto drain = [&](const std::vector<PgtRegion *> &added) {
+    for (PgtRegion *region : added) ASSERT_EQ(this->table_.remove(region), MRC_OK);
+    this->table_.settle();
+  };
+  const std::vector<PgtRegion *> in_heap = fill(heap);
+  EXPECT_EQ(this->table_.window_slots(), 2u * Table::kInnerFanout);  // the root's
+  const std::vector<PgtRegion *> in_mmap = fill(mmap_area);
+  EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  this->verify_lookups("two clusters");
+  for (const uintptr_t base : {heap, mmap_area}) {
+    EXPECT_EQ(this->table_.lookup(base + kPage), nullptr);  // a gap inside a window
+    EXPECT_EQ(this->table_.lookup(base + 2 * block), nullptr);
+    EXPECT_EQ(this->table_.lookup(base - 1), nullptr);  // outside both: through the tree
+  }
+
+  // A third cluster between them: no windows while it is there.
+  const std::vector<PgtRegion *> in_middle = fill(middle);
+  EXPECT_EQ(this->table_.window_slots(), 0u);
+  this->verify_lookups("three clusters");
+  drain(in_middle);
+  EXPECT_EQ(this->table_.window_slots(), 4u * Table::kInnerFanout);
+  this->verify_lookups("the middle one gone");
+
+  // One cluster left: its node becomes the root, with the one window.
+  drain(in_heap);
+  EXPECT_EQ(this->table_.window_slots(), 2u * Table::kInnerFanout);
+  this->verify_lookups("the mmap cluster alone");
+  EXPECT_EQ(this->table_.lookup(heap + kPage), nullptr);
+  drain(in_mmap);
   EXPECT_EQ(this->table_.window_slots(), 0u);
   EXPECT_EQ(this->table_.memory_bytes(), 0u);
 }
