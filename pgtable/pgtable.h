@@ -260,8 +260,8 @@ class RadixPageTable {
   // header, then count level-1 slots (the blocks from first << slot_shift(1) on).
   static constexpr unsigned kWindowLevel = 2;
   static_assert(kLevels > kWindowLevel);
-  // Windows at most: the root's, or one for each of the first level-2 nodes right below a higher
-  // root (clusters far apart, e.g. the heap and the mmap area).
+  // Windows at most: the root's, or one for each level-2 node of a higher root that holds
+  // nothing else (clusters far apart, e.g. the heap and the mmap area).
   static constexpr unsigned kWindows = 2;  // lookup() reads both
   struct alignas(64) Window {
     uintptr_t bias;   // the slots' address minus first slots: lookup()'s base
