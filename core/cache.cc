@@ -113,7 +113,9 @@ struct CacheRegistry {
 
 mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexcept {
   if (out == nullptr) return MRC_ERR_INVALID;
-  if ((params.flags & ~static_cast<unsigned>(MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN)) != 0) {
+  constexpr unsigned kKnownFlags =
+      MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS;
+  if ((params.flags & ~kKnownFlags) != 0) {
     return MRC_ERR_INVALID;
   }
   if (params.alignment != 0 &&
@@ -137,6 +139,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   cache->max_bytes_ = params.max_bytes;
   cache->max_unreleased_ = params.max_unreleased;
   cache->flags_ = params.flags;
+  cache->exact_ = (params.flags & MRC_FLAG_ORDERED_UNMAPS) == 0;
   cache->alignment_ = params.alignment != 0 ? params.alignment : kPageSize;
   cache->print_stats_ = config::stats_at_destroy();
   if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {
@@ -229,8 +232,14 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
   end &= ~(align - 1);
 
-  if (get_fast(address, request_end, prot, out)) return MRC_OK;
-  return get_slow(start, end, prot, out);
+  // Exact mode: the probe comes after the get began and before the fast path's quiescent()
+  // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
+  const uffd::Consumer::Unmaps unmaps =
+      exact_ ? consumer_->probe_unmaps() : uffd::Consumer::Unmaps::Read;
+  if (unmaps == uffd::Consumer::Unmaps::Read && get_fast(address, request_end, prot, out)) {
+    return MRC_OK;
+  }
+  return get_slow(start, end, prot, unmaps, out);
 }
 
 bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
@@ -368,14 +377,31 @@ bool Cache::verify_pfns(Region *region) noexcept {
   return false;
 }
 
-mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
-  // No syscall here (one costs more than a whole miss): like the fast path, the slow path trusts
-  // the records published so far. An unmap whose UNMAP event the kernel has not queued yet (it
-  // does so after the VMA is gone) is invisible to both; the invariant covers gets ordered after
-  // that unmap returned, and by then the monitor has read its event (see cache.h).
+mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot,
+                             uffd::Consumer::Unmaps unmaps, Region **out) noexcept {
+  // An unmap in flight may have freed this memory before it was mapped again: wait until the
+  // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
+  // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table
+  // entry can be trusted for this get: it registers the memory as it is now, uncached.
+  if (unmaps == uffd::Consumer::Unmaps::InFlight) {
+    hot_.add(Counter::UnmapWaits);
+    unmaps = consumer_->settle_unmaps();
+  }
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   Region *deferred = nullptr;
+  if (unmaps != uffd::Consumer::Unmaps::Read) {
+    {
+      std::lock_guard lock(mutex_);
+      ++slow_.gets_slow;
+      ++slow_.misses;
+      status = register_locked(start, end, prot, /*cacheable=*/false, &hit);
+      deferred = take_deferred_locked();
+    }
+    finish_all(deferred);
+    if (status == MRC_OK) *out = hit;
+    return status;
+  }
   {
     std::lock_guard lock(mutex_);
     ++slow_.gets_slow;
@@ -397,7 +423,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
     }
     if (status == MRC_OK && hit == nullptr) {
       ++slow_.misses;
-      status = register_locked(start, end, prot, &hit);
+      status = register_locked(start, end, prot, /*cacheable=*/true, &hit);
     }
     deferred = take_deferred_locked();
   }
@@ -553,14 +579,14 @@ size_t Cache::evict_unused_locked() noexcept {
   return evicted;
 }
 
-mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot,
+mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot, bool cacheable,
                                     Region **out) noexcept {
   // Merge with every overlapping or adjacent region whose protection the memory allows.
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
   Region *batch[kBatch];
-  for (;;) {
+  while (cacheable) {
     const uintptr_t from = merged_start != 0 ? merged_start - 1 : 0;
     const uintptr_t to = merged_end != ~uintptr_t{0} ? merged_end + 1 : merged_end;
     bool changed = false;
@@ -597,9 +623,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
   }
 
   // Watch before registering: an unmap between the two is then seen (DESIGN.md).
-  bool watched = false;
-  const uffd::WatchResult watch = consumer_->watch(merged_start, merged_end - merged_start);
-  watched = watch == uffd::WatchResult::Watched;
+  bool watched = cacheable && consumer_->watch(merged_start, merged_end - merged_start) ==
+                                  uffd::WatchResult::Watched;
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
@@ -1061,12 +1086,12 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
                  "\"deregistrations\":{},\"evictions\":{},\"regions\":{},"
                  "\"registered_bytes\":{},\"registration_failures\":{},\"uncacheable\":{},"
                  "\"pfn_mismatches\":{},\"purges\":{},\"unreleased_bytes\":{},"
-                 "\"size_histogram\":{{",
+                 "\"exact\":{},\"unmap_waits\":{},\"size_histogram\":{{",
                  name_, backend_.name != nullptr ? backend_.name : "", s.gets, s.hits_fast,
                  s.hits_slow, s.misses, s.merges, s.unmap_events, s.invalidations, s.puts,
                  s.registrations, s.deregistrations, s.evictions, s.regions, s.registered_bytes,
                  s.registration_failures, s.uncacheable, s.pfn_mismatches, s.purges,
-                 s.unreleased_bytes);
+                 s.unreleased_bytes, exact_, hot_.sum(Counter::UnmapWaits));
   bool first = true;
   for (unsigned bucket = 0; bucket < 64; ++bucket) {
     const uint64_t count = histogram[bucket];

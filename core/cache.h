@@ -29,10 +29,13 @@
 //   `pending`, and the monitor never waits for anything).
 // - The unmap window. The kernel queues an UNMAP event only after the VMA is gone, so for a few
 //   microseconds another thread can map new memory at that address while the old region is
-//   still in the table (and its range still counts as watched). Neither path closes that window
-//   (closing it costs a syscall per get: more than a whole miss); DESIGN.md's invariant holds
-//   because the unmapping thread returns only after the monitor read the event, and a get
-//   ordered after that return sees the record published or `pending` raised.
+//   still in the table (and its range still counts as watched). In exact mode (the default)
+//   get() closes it: it probes the kernel's count of changes in flight (one ioctl) before the
+//   fast path's quiescent() or the slow path's drain, and a get that finds one in flight waits
+//   for it outside mutex_ (or, past a bounded wait, registers the request uncached). With
+//   MRC_FLAG_ORDERED_UNMAPS there is no probe, and only gets ordered after the unmap returned
+//   are exact: the unmapping thread returns only after the monitor read the event, so such a
+//   get sees the record published or `pending` raised (docs/DESIGN.md).
 // - Parked references (the hit path without a locked instruction). A region marked kParkable has
 //   one owner, a thread slot, in the same flags word (so one load reads both). The owner's put
 //   keeps the reference in its ParkingLine instead of decrementing the count; its next get of
@@ -220,7 +223,8 @@ class Cache {
   bool park(unsigned owner, Region *region) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   void promote(Region *region) noexcept;
-  mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot,
+                        uffd::Consumer::Unmaps unmaps, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
@@ -229,7 +233,9 @@ class Cache {
   void remove_locked(Region *region) noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
-  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot,
+  // Registers [start, end) merged with its neighbours, watched and in the table; with
+  // cacheable=false exactly the request, handed out uncached (deregistered at its last put).
+  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot, bool cacheable,
                                Region **out) noexcept;
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches.
@@ -274,6 +280,7 @@ class Cache {
   size_t max_bytes_ = 0;
   size_t max_unreleased_ = 0;
   unsigned flags_ = 0;
+  bool exact_ = true;  // no MRC_FLAG_ORDERED_UNMAPS: every get probes for unmaps in flight
   size_t verify_pfn_pages_ = 0;
   size_t alignment_ = 4096;
   bool print_stats_ = false;

@@ -105,14 +105,22 @@ mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf, size_t 
     }
     *var.field = parsed == std::numeric_limits<size_t>::max() ? 0 : parsed;  // inf = unlimited
   }
-  if (const char *value = env("MRC_PURGE_ON_FORK")) {
+  struct FlagVar {
+    const char *name;
+    unsigned flag;
+  };
+  const FlagVar flag_vars[] = {{"MRC_PURGE_ON_FORK", MRC_FLAG_PURGE_ON_FORK},
+                               {"MRC_ORDERED_UNMAPS", MRC_FLAG_ORDERED_UNMAPS}};
+  for (const FlagVar &var : flag_vars) {
+    const char *value = env(var.name);
+    if (value == nullptr) continue;
     bool on = false;
     if (!parse_bool(value, &on)) {
-      status = bad(errbuf, errlen, "MRC_PURGE_ON_FORK", value, "a boolean (0/1, yes/no)");
+      status = bad(errbuf, errlen, var.name, value, "a boolean (0/1, yes/no)");
     } else if (on) {
-      params->flags |= MRC_FLAG_PURGE_ON_FORK;
+      params->flags |= var.flag;
     } else {
-      params->flags &= ~static_cast<unsigned>(MRC_FLAG_PURGE_ON_FORK);
+      params->flags &= ~var.flag;
     }
   }
   // MRC_VERIFY_PFN=N: check N pages per hit (0 = off; "yes" = 1 page).

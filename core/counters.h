@@ -39,6 +39,7 @@ enum class Counter : unsigned {
   EndedBytes,       // bytes whose registration ended (deregistered, or forgotten after fork)
   UnreleasedBytes,  // uncached regions waiting for deregistration (max_unreleased)
   ReleasedBytes,    // unreleased bytes whose registration ended
+  UnmapWaits,       // exact gets that found an unmap in flight and waited for the monitor
   kCount
 };
 

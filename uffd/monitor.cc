@@ -71,6 +71,10 @@ using detail::set_text;
 
 constexpr size_t kDefaultQueueCapacity = size_t{1} << 15;  // 1 MiB of records
 constexpr size_t kBatch = 64;                              // uffd_msg per read()
+// How long settle_unmaps() waits for unmaps in flight. One lasts a monitor round trip (tens of
+// microseconds here); only a storm of unmaps by other threads, or a monitor kept off the CPU,
+// holds the kernel's count up longer, and then the caller registers without the cache.
+constexpr int64_t kSettleBudgetNs = 2'000'000;
 constexpr uint64_t kUffdReady = 1;
 constexpr uint64_t kControlRead = 2;
 constexpr uint64_t kRequiredEvents =
@@ -131,6 +135,11 @@ struct MonitorState {
   size_t stack_bytes = 0;
   MonitorRun run;
   std::atomic<uint64_t> events{0};
+  // The descriptor gets probe for unmaps in flight (Consumer::probe_unmaps, any thread, no
+  // lock): the running monitor's userfaultfd, kProbeNoMonitor, or kProbeRefused. Stored
+  // (release) by start_locked() before any range is watched, kProbeNoMonitor before the
+  // descriptor is closed; it changes only while no cache exists, or in a forked child.
+  std::atomic<int> probe_fd{-1};
 
   // Test controls.
   std::atomic<size_t> queue_capacity{0};
@@ -154,6 +163,9 @@ struct MonitorState {
 };
 
 namespace {
+
+constexpr int kProbeNoMonitor = -1;
+constexpr int kProbeRefused = -2;
 
 constinit MonitorState g;
 std::atomic<bool> g_paused{false};  // testing::pause_monitor
@@ -664,11 +676,28 @@ void *monitor_main(void *arg) {
   return nullptr;
 }
 
+// ---- the unmap probe ----
+
+enum class ProbeAnswer { Clear, Changing, Refused };
+
+// The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
+// lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes
+// anything away, lowered by the changing thread once the monitor has read its event. Every
+// UFFDIO_ZEROPAGE checks it first and fails with EAGAIN while it is raised; an empty range is
+// refused (EINVAL) before any page-table work or lock. So this ioctl is a pure probe.
+ProbeAnswer probe_mmap_changing(int uffd) noexcept {
+  uffdio_zeropage probe{};
+  if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0) return ProbeAnswer::Refused;
+  if (errno == EINVAL) return ProbeAnswer::Clear;
+  return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
+}
+
 // ---- lifecycle (REQUIRES: g.mutex) ----
 
 void close_run_locked(bool in_forked_child = false) noexcept {
   // Drops every registration and releases any waiting thread. The monitor thread closed it
   // itself if it ran (and the number may belong to someone else by now).
+  g.probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
   if (g.uffd >= 0 && !g.run.closed_uffd) close(g.uffd);
   g.uffd = -1;
   g.run.closed_uffd = false;
@@ -825,6 +854,18 @@ void start_locked() noexcept {
   g.running = true;
   g.mode.store(negotiated.mode, std::memory_order_relaxed);
   g.features = negotiated.features;
+  // Nothing is watched yet, so nothing can be in flight: anything but Clear means the kernel
+  // (or a sandbox) refuses the probe, and exact caches must not trust their tables.
+  if (probe_mmap_changing(g.uffd) == ProbeAnswer::Clear) {
+    g.probe_fd.store(g.uffd, std::memory_order_release);
+  } else {
+    g.probe_fd.store(kProbeRefused, std::memory_order_release);
+    Text why{g.reason, sizeof(g.reason)};
+    why.used = strlen(g.reason);
+    why.add(
+        "; the kernel refused the unmap probe (UFFDIO_ZEROPAGE): exact caches register "
+        "every get anew");
+  }
 
   detail::WatchConfig config;
   config.uffd = g.uffd;
@@ -862,17 +903,13 @@ void stop_locked() noexcept {
 // Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
 // mmap lock; until the monitor reads it, another thread may already have mapped new memory at
 // the same addresses, and a watch entry still stands there. Watches accept that window (see
-// watch.h); unregistering does not: it would act on someone else's mapping. The kernel counts
-// such operations in ctx->mmap_changing, from inside the mmap lock until the event has been
-// read, and UFFDIO_ZEROPAGE checks that counter before anything else: with an empty range the
-// answer is EAGAIN while one is in flight, EINVAL otherwise, and no lock is taken. Once it is
-// EINVAL, every such operation that happened before this call has been read, hence (pending
-// protocol) is visible to a drain that waits for `pending` to fall.
+// watch.h); unregistering does not: it would act on someone else's mapping. Once the probe
+// answers Clear, every such operation that happened before this call has been read, hence
+// (pending protocol) is visible to a drain that waits for `pending` to fall (docs/DESIGN.md,
+// "Exact under concurrent unmaps").
 void wait_for_unmaps_in_flight(int uffd) noexcept {
   if (uffd < 0) return;
-  for (unsigned attempt = 0;; ++attempt) {
-    uffdio_zeropage probe{};
-    if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0 || errno != EAGAIN) return;
+  for (unsigned attempt = 0; probe_mmap_changing(uffd) == ProbeAnswer::Changing; ++attempt) {
     if (attempt >= 16) sched_yield();  // the monitor needs the CPU to read the event
   }
 }
@@ -1064,6 +1101,43 @@ void Consumer::unwatch_many(const Range *ranges, size_t count) {
 
 mrc_monitor_mode_t Consumer::mode() const noexcept {
   return static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
+}
+
+Consumer::Unmaps Consumer::probe_unmaps() const noexcept {
+  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
+  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
+  const int fd = g.probe_fd.load(std::memory_order_acquire);
+  Unmaps answer = Unmaps::Read;
+  if (fd == kProbeRefused) {
+    answer = Unmaps::Unprobeable;
+  } else if (fd != kProbeNoMonitor) {
+    switch (probe_mmap_changing(fd)) {
+      case ProbeAnswer::Clear: break;
+      case ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
+      case ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
+    }
+  }
+  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
+  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  errno = saved_errno;
+  return answer;
+}
+
+Consumer::Unmaps Consumer::settle_unmaps() const noexcept {
+  timespec began{};
+  clock_gettime(CLOCK_MONOTONIC, &began);
+  for (unsigned attempt = 0;; ++attempt) {
+    const Unmaps answer = probe_unmaps();
+    if (answer != Unmaps::InFlight) return answer;
+    if (attempt < 16) continue;
+    sched_yield();  // the monitor, or the unmapping thread, needs the CPU
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const int64_t waited_ns =
+        (now.tv_sec - began.tv_sec) * 1000000000 + (now.tv_nsec - began.tv_nsec);
+    if (waited_ns >= kSettleBudgetNs) return Unmaps::InFlight;
+  }
 }
 
 // ---- Monitor ----

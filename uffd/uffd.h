@@ -24,11 +24,13 @@
 //                   records were applied).
 //   Consumer::drain()  one thread at a time per consumer (the cache holds its own lock).
 //
-// The invariant (DESIGN.md): after munmap returns in thread A, a get started afterwards by A (or
-// by a thread synchronised with A) never returns a region created for the old memory. The kernel
-// releases A when the monitor's read() has consumed the event; `pending` was raised before that
-// read, so A's later quiescent() sees it raised (slow path: wait, drain) or sees it lowered after
-// the record was published (and then the cursor is behind the head until the record is applied).
+// The invariant (docs/DESIGN.md): after munmap returns in thread A, a get started afterwards by A
+// (or by a thread synchronised with A) never returns a region created for the old memory. The
+// kernel releases A when the monitor's read() has consumed the event; `pending` was raised before
+// that read, so A's later quiescent() sees it raised (slow path: wait, drain) or sees it lowered
+// after the record was published (and then the cursor is behind the head until the record is
+// applied). Gets concurrent with the unmap, in threads that never synchronised with A (the
+// kernel handed them A's address), are exact through probe_unmaps() (Consumer, below).
 //
 // Environment (read at each monitor start):
 //   MRC_MONITOR=auto|wp-async|wp|missing|off   forces a mode; off means uncached.
@@ -96,8 +98,8 @@ class Consumer {
   // the calling thread wait for the monitor).
   // The window: if another thread unmapped this memory and the monitor has not read that event
   // yet, the answer may come from the old registration and new memory mapped at the address
-  // stays unregistered until the record is drained. Its record, once drained, invalidates what
-  // was cached there; DESIGN.md's invariant covers gets that start after the unmap returned.
+  // stays unregistered until the record is drained. A caller that got Read from
+  // probe_unmaps() or settle_unmaps() after the memory was mapped is outside that window.
   // On NotMonitorable, `why` (if given) receives a human-readable reason.
   [[nodiscard]] WatchResult watch(uintptr_t start, size_t length, char *why = nullptr,
                                   size_t why_len = 0);
@@ -113,6 +115,24 @@ class Consumer {
   void unwatch_many(const Range *ranges, size_t count);
 
   mrc_monitor_mode_t mode() const noexcept;
+
+  // Exactness under concurrent unmaps (docs/DESIGN.md, "Exact under concurrent unmaps"). The
+  // kernel queues an UNMAP or REMAP event only after the VMA is gone, so another thread's mmap
+  // may hand out the same address before the monitor has read it, while the old region still
+  // stands in a cache's table. The kernel's count of such changes in flight closes that window:
+  // a get that probes after it began and is answered Read, then finds the queue quiescent()
+  // (or drains it), sees every unmap that freed its memory before it was mapped.
+  enum class Unmaps : uint8_t {
+    Read,         // every change of watched memory begun before the probe has been read
+    InFlight,     // at least one has not: wait (settle_unmaps) before trusting any table
+    Unprobeable,  // the monitor runs but the kernel refused the probe: trust no table
+  };
+  // One ioctl (none when no monitor runs), any thread, no lock; errno is kept. A seq_cst fence
+  // follows it, so the caller's quiescent() or drain() comes after the kernel's answer.
+  Unmaps probe_unmaps() const noexcept;
+  // Probes until the answer is not InFlight (yielding after a few tries); InFlight when the
+  // changes in flight outlast a bounded wait (a few milliseconds). Any thread, no lock.
+  Unmaps settle_unmaps() const noexcept;
 
  private:
   friend class Monitor;

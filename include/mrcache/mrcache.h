@@ -37,7 +37,25 @@ typedef enum {
 } mrc_status_t;
 
 enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
-enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2 };
+/* Cache flags.
+ *
+ * Every get is exact by default: it never returns a registration of memory that was unmapped
+ * (munmap, mremap, MAP_FIXED over it, brk shrink) before the memory at its address was mapped,
+ * whichever thread unmapped it and however recently. The kernel may hand a freed address to
+ * another thread's mmap before mrcache has read the unmap's event; each get therefore asks the
+ * kernel, with one ioctl (about 1.6 getpid calls), whether such an event is still unread, and
+ * if so waits for it (a monitor round trip).
+ *
+ * MRC_FLAG_ORDERED_UNMAPS (MRC_ORDERED_UNMAPS=1), "fast mode", skips that ioctl. Its gets are
+ * exact only for unmaps that happen-before the get: the unmapping thread returned from munmap
+ * before the getting thread started its get, and the two synchronised (a lock, a join, a
+ * message). That holds in processes where no thread maps memory while another unmaps it; where
+ * it does not hold, a get may return the previous owner's registration for new memory at the
+ * same address, which a NIC then reads and writes.
+ *
+ * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork.
+ * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration. */
+enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNMAPS = 4 };
 
 /* A registration engine (see backends/README.md for the full plugin contract).
  *

@@ -36,6 +36,8 @@ class CountingBackend {
   std::set<uintptr_t> failing_starts;
   std::set<uint64_t> live;  // serials registered and not yet deregistered
 
+  // The serial the next registration will get: keys below it were handed out already.
+  uint64_t next_serial() const { return next_serial_.load(std::memory_order_seq_cst); }
   uint64_t live_count() {
     std::lock_guard lock(mutex);
     return live.size();

@@ -1,0 +1,170 @@
+// Exactness under concurrent unmaps (docs/DESIGN.md, "Exact under concurrent unmaps"). The
+// kernel may hand an address another thread is still unmapping to a new mmap before the monitor
+// has read the unmap's event; a get of the new memory must not return the old registration.
+//
+// The oracle: the backend numbers its registrations (CountingBackend's serial keys). A thread
+// reads the next serial before its mmap; a key below it was registered before the memory
+// existed, so it belongs to an earlier mapping at the same address: a stale registration.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_fixture.h"
+#include "mrcache/mrcache.h"
+#include "uffd/uffd.h"
+
+namespace {
+
+using mrc::test::CacheFixture;
+using mrc::test::kPage;
+using mrc::test::monitor_caches;
+
+constexpr size_t kMappingPages = 18;  // what the reproduction used
+
+struct Tally {
+  std::atomic<uint64_t> gets{0}, stale{0}, failed{0};
+};
+
+// Each thread: mmap, get, put, munmap, `rounds` times; stale keys counted.
+void run_churn(mrc_cache_t *cache, mrc::test::CountingBackend &backend, unsigned threads,
+               unsigned rounds, Tally &tally) {
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&] {
+      for (unsigned i = 0; i < rounds; ++i) {
+        const uint64_t floor = backend.next_serial();
+        void *p = mmap(nullptr, kMappingPages * kPage, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+          ++tally.failed;
+          continue;
+        }
+        mrc_region_t *region = nullptr;
+        if (mrc_get(cache, p, kMappingPages * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &region) !=
+            MRC_OK) {
+          ++tally.failed;
+        } else {
+          ++tally.gets;
+          if (mrc_region_key(region) < floor) ++tally.stale;
+          mrc_put(cache, region);
+        }
+        munmap(p, kMappingPages * kPage);
+      }
+    });
+  }
+  for (std::thread &worker : workers) worker.join();
+}
+
+class CacheExactChurn : public CacheFixture, public ::testing::WithParamInterface<unsigned> {};
+
+TEST_P(CacheExactChurn, NoGetReturnsARegistrationOlderThanItsMemory) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  mrc_cache_params_t params = backend.params("exact-churn");
+  params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);  // whatever the environment
+  ASSERT_EQ(create(params), MRC_OK);
+  const unsigned threads = GetParam();
+  Tally tally;
+  run_churn(cache, backend, threads, 16000 / threads, tally);
+  EXPECT_EQ(tally.stale.load(), 0u)
+      << "gets returned a registration of an earlier mapping at the same address";
+  EXPECT_EQ(tally.failed.load(), 0u);
+  EXPECT_EQ(tally.gets.load(), uint64_t{16000 / threads} * threads);
+  mrc_stats_t s = stats();
+  EXPECT_EQ(s.gets, s.puts);
+  EXPECT_GT(s.unmap_events + s.invalidations, 0u) << "the churn unmapped cached memory";
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CacheExactChurn, ::testing::Values(2U, 4U, 8U),
+                         [](const ::testing::TestParamInfo<unsigned> &param) {
+                           return std::to_string(param.param) + "threads";
+                         });
+
+// One unmap held in flight (the monitor paused, so its event stays unread): another thread maps
+// new memory at the address the unmap freed and gets it.
+class CacheUnmapInFlight : public CacheFixture {
+ protected:
+  // Returns the key the get of the new memory answered, and the key of the old registration.
+  void get_inside_an_unmap(unsigned flags, uint64_t *old_key, uint64_t *new_key) {
+    mrc_cache_params_t params = backend.params("in-flight");
+    params.flags = (params.flags & ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS)) | flags;
+    ASSERT_EQ(create(params), MRC_OK);
+    const size_t length = 4 * kPage;
+    char *p = mrc::test::map_pages(4);
+    ASSERT_NE(p, nullptr);
+    mrc_region_t *region = nullptr;
+    ASSERT_EQ(mrc_get(cache, p, length, MRC_PROT_READ, &region), MRC_OK);
+    *old_key = mrc_region_key(region);
+    mrc_put(cache, region);
+
+    mrc::uffd::testing::pause_monitor(true);
+    struct Resume {
+      ~Resume() { mrc::uffd::testing::pause_monitor(false); }
+    } resume;
+    std::thread unmapper([p, length] { munmap(p, length); });  // waits for the paused monitor
+    void *again = MAP_FAILED;
+    for (int i = 0; i < 5000 && again == MAP_FAILED; ++i) {  // until the VMA is gone
+      again = mmap(p, length, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (again == MAP_FAILED) usleep(200);
+    }
+    ASSERT_EQ(again, p);
+    region = nullptr;
+    const mrc_status_t status = mrc_get(cache, p, length, MRC_PROT_READ, &region);
+    mrc::uffd::testing::pause_monitor(false);
+    unmapper.join();
+    ASSERT_EQ(status, MRC_OK);
+    *new_key = mrc_region_key(region);
+    mrc_put(cache, region);
+    munmap(p, length);
+  }
+  std::string json() {
+    char text[2048];
+    EXPECT_GT(mrc_cache_stats_json(cache, text, sizeof text), 0);
+    return text;
+  }
+};
+
+TEST_F(CacheUnmapInFlight, AnExactGetNeverReturnsTheUnmappedRegistration) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  uint64_t old_key = 0;
+  uint64_t new_key = 0;
+  get_inside_an_unmap(0, &old_key, &new_key);
+  EXPECT_NE(new_key, old_key) << "the get returned the registration of the unmapped memory";
+  EXPECT_NE(json().find("\"exact\":true,\"unmap_waits\":1,"), std::string::npos) << json();
+  // The monitor stayed paused past the bounded wait: the get registered the memory uncached.
+  EXPECT_EQ(stats().uncacheable, 1u);
+  std::lock_guard lock(backend.mutex);
+  EXPECT_EQ(backend.live.count(new_key), 0u) << "the uncached registration ended at its put";
+}
+
+// The documented cost of MRC_FLAG_ORDERED_UNMAPS: a get that is not ordered after the unmap
+// (here: issued while the unmapping thread is still inside munmap) may return the old
+// registration for the new memory.
+TEST_F(CacheUnmapInFlight, InFastModeAGetInsideTheUnmapReturnsTheOldRegistration) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  uint64_t old_key = 0;
+  uint64_t new_key = 0;
+  get_inside_an_unmap(MRC_FLAG_ORDERED_UNMAPS, &old_key, &new_key);
+  EXPECT_EQ(new_key, old_key);
+  EXPECT_NE(json().find("\"exact\":false,\"unmap_waits\":0,"), std::string::npos) << json();
+}
+
+TEST_F(CacheUnmapInFlight, FastModeIsExactForUnmapsThatReturnedBeforeTheGet) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  mrc_cache_params_t params = backend.params("ordered");
+  params.flags |= MRC_FLAG_ORDERED_UNMAPS;
+  ASSERT_EQ(create(params), MRC_OK);
+  Tally tally;
+  run_churn(cache, backend, 1, 2000, tally);
+  EXPECT_EQ(tally.stale.load(), 0u);
+  EXPECT_EQ(tally.gets.load(), 2000u);
+}
+
+}  // namespace
