@@ -57,6 +57,33 @@ TEST(Config, ParamsInitReadsTheEnvironment) {
   EXPECT_EQ(params.backend, mrc_backend_null());
 }
 
+TEST(Config, GetsAreExactUnlessOrderedUnmapsIsSet) {
+  {
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    EXPECT_FALSE(params.flags & MRC_FLAG_ORDERED_UNMAPS) << "exact mode is the default";
+  }
+  {
+    EnvVar ordered("MRC_ORDERED_UNMAPS", "1");
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    EXPECT_TRUE(params.flags & MRC_FLAG_ORDERED_UNMAPS);
+    mrc_cache_t *cache = nullptr;
+    ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK) << "the flag is accepted";
+    char json[2048];
+    ASSERT_GT(mrc_cache_stats_json(cache, json, sizeof json), 0);
+    EXPECT_NE(std::string(json).find("\"exact\":false"), std::string::npos) << json;
+    mrc_cache_destroy(cache);
+  }
+  {
+    EnvVar ordered("MRC_ORDERED_UNMAPS", "sometimes");
+    mrc_cache_params_t params;
+    char error[256];
+    EXPECT_EQ(mrc_cache_params_init_checked(&params, error, sizeof error), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(error).find("MRC_ORDERED_UNMAPS=sometimes"), std::string::npos) << error;
+  }
+}
+
 TEST(Config, MalformedVariableIsAnErrorNamingIt) {
   EnvVar regions("MRC_MAX_BYTES", "lots");
   mrc_cache_params_t params;

@@ -82,7 +82,7 @@ std::vector<Variable> configuration(std::string *problem) {
   vars.push_back(
       {"MRC_MAX_REGIONS", env("MRC_MAX_REGIONS"),
        params.max_regions == 0 ? "unlimited" : std::to_string(params.max_regions) + " regions",
-       "cached regions before the least recently used are evicted"});
+       "cached regions kept; past it, CLOCK (second chance) evicts unused ones"});
   vars.push_back({"MRC_MAX_BYTES", env("MRC_MAX_BYTES"), size_text(params.max_bytes, "unlimited"),
                   "registered bytes the cache keeps (sizes: 4096, 64k, 1g, inf)"});
   vars.push_back(
@@ -92,6 +92,12 @@ std::vector<Variable> configuration(std::string *problem) {
   vars.push_back({"MRC_PURGE_ON_FORK", env("MRC_PURGE_ON_FORK"),
                   (params.flags & MRC_FLAG_PURGE_ON_FORK) != 0 ? "on" : "off",
                   "deregister unused regions before fork (fewer pinned pages copied)"});
+  vars.push_back({"MRC_ORDERED_UNMAPS", env("MRC_ORDERED_UNMAPS"),
+                  (params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0
+                      ? "fast mode: exact only for unmaps that happen-before the get"
+                      : "exact mode: every get probes for unmaps in flight (one ioctl)",
+                  "1 skips the probe: only for processes where no thread maps memory while "
+                  "another unmaps it"});
   std::string monitor = env("MRC_MONITOR");
   vars.push_back({"MRC_MONITOR", monitor, monitor.empty() ? "auto" : monitor,
                   "auto, wp-async, wp, missing or off (the mode chosen is below)"});
@@ -135,6 +141,17 @@ std::vector<std::string> unknown_variables(const std::vector<Variable> &known) {
     if (!found) out.push_back(name);
   }
   return out;
+}
+
+// Whether a cache created now gets exactly under concurrent unmaps (mrcache.h, the cache flags).
+std::string gets_mode(mrc_monitor_mode_t mode) {
+  if (mode == MRC_MONITOR_UNCACHED) return "uncached: every get registers, so every get is exact";
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  if ((params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0) {
+    return "fast mode (MRC_ORDERED_UNMAPS): exact only for unmaps that happen-before the get";
+  }
+  return "exact: each get probes the kernel for unmaps in flight (one ioctl) and waits for them";
 }
 
 std::string better_mode(mrc_monitor_mode_t mode) {
@@ -269,7 +286,8 @@ json gather(std::string *config_problem) {
                     {"better", better_mode(monitor.mode)},
                     {"features", features},
                     {"running", monitor.running != 0},
-                    {"vma_budget", monitor.vma_budget}};
+                    {"vma_budget", monitor.vma_budget},
+                    {"gets", gets_mode(monitor.mode)}};
   } else {
     j["monitor"] = {{"mode", "unknown"}, {"reason", "mrc_monitor_info failed"}};
   }
@@ -324,6 +342,7 @@ void print_text(const json &j) {
     std::printf("  features   %s (UFFD_FEATURE_* granted)\n",
                 m["features"].get<std::string>().c_str());
   }
+  if (m.contains("gets")) std::printf("  gets       %s\n", m["gets"].get<std::string>().c_str());
   const json &l = j["limits"];
   std::printf("\nLimits\n");
   std::printf("  kernel                        %s\n", l["kernel"].get<std::string>().c_str());
