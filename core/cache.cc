@@ -622,7 +622,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     if (!changed) break;
   }
 
-  // Watch before registering: an unmap between the two is then seen (DESIGN.md).
+  // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
   bool watched = cacheable && consumer_->watch(merged_start, merged_end - merged_start) ==
                                   uffd::WatchResult::Watched;
   void *handle = nullptr;

@@ -43,10 +43,12 @@
 //
 // The window: the kernel removes a VMA before it queues the UNMAP/REMAP event. Until the monitor
 // has read it, an entry can cover memory another thread has already mapped afresh at the same
-// address; a watch there is answered from the stale entry and registers nothing. The cache's
-// fast path has the same window by design (DESIGN.md's invariant covers gets that start after
-// the unmap returned): the record, once drained, invalidates what was cached there and cuts the
-// entry, so the next watch there registers.
+// address; a watch there is answered from the stale entry and registers nothing. A watch made
+// after Consumer::probe_unmaps() answered Read (an exact cache's get probes first) is outside
+// the window: the unmap's record is then published or `pending` raised, so the internal
+// consumer is not quiescent and the table is synced first (docs/DESIGN.md, "Exact under
+// concurrent unmaps"). Without the probe (fast mode), the record, once drained, invalidates
+// what was cached there and cuts the entry, so the next watch there registers.
 //
 // The lock-free fast path: a watch that lies inside one registered entry and one piece that
 // already counts a watch, and an unwatch that leaves its piece a watch, change nothing but that
