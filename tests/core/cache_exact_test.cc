@@ -32,9 +32,13 @@ struct Tally {
   std::atomic<uint64_t> gets{0}, stale{0}, failed{0};
 };
 
-// Each thread: mmap, get, put, munmap, `rounds` times; stale keys counted.
+// How a churning thread lets go of its memory: munmap, or a moving mremap first (the old range
+// is freed by the move, its REMAP event still unread when another thread may map it).
+enum class LetGo { Unmap, MoveThenUnmap };
+
+// Each thread: mmap, get, put, let go, `rounds` times; stale keys counted.
 void run_churn(mrc_cache_t *cache, mrc::test::CountingBackend &backend, unsigned threads,
-               unsigned rounds, Tally &tally) {
+               unsigned rounds, Tally &tally, LetGo let_go = LetGo::Unmap) {
   std::vector<std::thread> workers;
   for (unsigned t = 0; t < threads; ++t) {
     workers.emplace_back([&] {
@@ -54,6 +58,15 @@ void run_churn(mrc_cache_t *cache, mrc::test::CountingBackend &backend, unsigned
           ++tally.gets;
           if (mrc_region_key(region) < floor) ++tally.stale;
           mrc_put(cache, region);
+        }
+        if (let_go == LetGo::MoveThenUnmap) {
+          void *moved = mremap(p, kMappingPages * kPage, 2 * kMappingPages * kPage, MREMAP_MAYMOVE);
+          if (moved == MAP_FAILED) {
+            ++tally.failed;
+          } else {
+            munmap(moved, 2 * kMappingPages * kPage);
+            continue;
+          }
         }
         munmap(p, kMappingPages * kPage);
       }
@@ -79,6 +92,19 @@ TEST_P(CacheExactChurn, NoGetReturnsARegistrationOlderThanItsMemory) {
   mrc_stats_t s = stats();
   EXPECT_EQ(s.gets, s.puts);
   EXPECT_GT(s.unmap_events + s.invalidations, 0u) << "the churn unmapped cached memory";
+}
+
+TEST_F(CacheFixture, NoGetReturnsARegistrationOfMemoryAnotherThreadMovedAway) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  mrc_cache_params_t params = backend.params("exact-moves");
+  params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);
+  ASSERT_EQ(create(params), MRC_OK);
+  Tally tally;
+  run_churn(cache, backend, 2, 4000, tally, LetGo::MoveThenUnmap);
+  EXPECT_EQ(tally.stale.load(), 0u)
+      << "gets returned a registration of memory another thread had moved away";
+  EXPECT_EQ(tally.failed.load(), 0u);
+  EXPECT_EQ(tally.gets.load(), 8000u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CacheExactChurn, ::testing::Values(2U, 4U, 8U),
