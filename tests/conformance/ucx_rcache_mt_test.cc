@@ -2,7 +2,10 @@
 // UCS_MT_TEST_F body runs on the same number of threads at once, every thread on memory of its
 // own unless the scenario shares it. Besides UCX's own checks, every region a thread receives for
 // memory it mapped itself must have been registered after that memory was mapped (its key is at
-// least the backend's next key read after the mmap): the stale-registration oracle.
+// least the backend's next key read after the mmap): the stale-registration oracle. It applies to
+// fresh mappings only, not to the scenarios on malloc'd memory (malloc may hand back memory that
+// was never unmapped, whose registration is rightly still cached). Those take calloc for malloc:
+// the same allocator, with contents the compiler knows are initialised.
 //
 // KNOWN LIMITATION (these may fail today): while one thread munmaps, another can mmap the same
 // address and get it before the UNMAP event is queued (the unmap window, core/cache.h); its get
@@ -45,9 +48,8 @@ TEST_F(UcxRcacheMt, TenThreadsEachRegisterAndReleaseABufferOfTheirOwn) {
   // UCX test_rcache.basic, 10 threads.
   run_on_threads(10, [&](Barrier &) {
     static const size_t size = 1024 * 1024;
-    void *ptr = std::malloc(size);
-    const uint64_t floor = backend.next_key();
-    put(get_own(ptr, size, floor));
+    void *ptr = std::calloc(1, size);
+    put(get(ptr, size));
     std::free(ptr);
   });
 }
@@ -68,19 +70,17 @@ TEST_F(UcxRcacheMt, SixThreadsGetTheSameRegistrationUntilTheirBufferIsFreed) {
   // allocate anew, get: when the physical page changed, the registration must be another.
   run_on_threads(6, [&](Barrier &) {
     static const size_t size = 1024 * 1024;
-    char *ptr = static_cast<char *>(std::malloc(size));
-    uint64_t floor = backend.next_key();
-    mrc_region_t *region = get_own(ptr, size, floor);
+    char *ptr = static_cast<char *>(std::calloc(1, size));
+    mrc_region_t *region = get(ptr, size);
     const uint64_t id = key(region);
     const uintptr_t pa = physical_page(mrc_region_start(region));
     put(region);
-    region = get_own(ptr, size, floor);
+    region = get(ptr, size);
     EXPECT_EQ(key(region), id) << "a second get of unchanged memory registered again";
     put(region);
     std::free(ptr);
-    ptr = static_cast<char *>(std::malloc(size));
-    floor = backend.next_key();
-    region = get_own(ptr, size, floor);
+    ptr = static_cast<char *>(std::calloc(1, size));
+    region = get(ptr, size);
     const uintptr_t new_pa = physical_page(mrc_region_start(region));
     if (pa != new_pa) {
       EXPECT_NE(key(region), id) << "new memory served the old registration";
@@ -142,13 +142,11 @@ TEST_F(UcxRcacheMt, SixThreadsKeepARegistrationInUseAfterItsMemoryIsFreed) {
   // UCX test_rcache.release_inuse, 6 threads.
   run_on_threads(6, [&](Barrier &) {
     static const size_t size = 1024 * 1024;
-    void *ptr1 = std::malloc(size);
-    uint64_t floor = backend.next_key();
-    mrc_region_t *region1 = get_own(ptr1, size, floor);
+    void *ptr1 = std::calloc(1, size);
+    mrc_region_t *region1 = get(ptr1, size);
     std::free(ptr1);
-    void *ptr2 = std::malloc(size);
-    floor = backend.next_key();
-    put(get_own(ptr2, size, floor));
+    void *ptr2 = std::calloc(1, size);
+    put(get(ptr2, size));
     std::free(ptr2);
     EXPECT_TRUE(backend.is_live(key(region1))) << "deregistered while still in use";
     put(region1);
