@@ -229,11 +229,11 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
   end &= ~(align - 1);
 
-  if (get_fast(address, request_end, prot, out)) return MRC_OK;
-  return get_slow(start, end, prot, out);
+  if (get_fast(address, request_end, align - 1, prot, out)) return MRC_OK;
+  return get_slow(start, end, align - 1, prot, out);
 }
 
-bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
+bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
                      Region **out) noexcept {
   if (!consumer_->quiescent()) return false;
   const ThreadSlot &thread = this_thread_slot();
@@ -247,7 +247,10 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     region = static_cast<Region *>(found);
     // Bounds and prot never change once a region is published in the table; the start check
     // also keeps a lookup that raced with a restructuring writer from handing out a neighbour.
-    if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
+    // Every region is aligned to alignment_, so only a larger requested alignment can fail the
+    // last test: an OR and an AND of bounds already loaded.
+    if (region->start > address || region->end < request_end || (region->prot & prot) != prot ||
+        ((region->start | region->end) & align_mask) != 0) {
       return false;
     }
     if (line != nullptr &&
@@ -368,7 +371,8 @@ bool Cache::verify_pfns(Region *region) noexcept {
   return false;
 }
 
-mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept {
+mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
+                             Region **out) noexcept {
   // No syscall here (one costs more than a whole miss): like the fast path, the slow path trusts
   // the records published so far. An unmap whose UNMAP event the kernel has not queued yet (it
   // does so after the VMA is gone) is invisible to both; the invariant covers gets ordered after
@@ -384,7 +388,8 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
     if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
-    if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {
+    if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
+        ((region->start | region->end) & align_mask) == 0) {
       if (region->has(Region::kFailed)) {
         // A remembered failure: the memory has not changed since (no event removed it).
         ++slow_.registration_failures;
@@ -397,7 +402,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot, Regi
     }
     if (status == MRC_OK && hit == nullptr) {
       ++slow_.misses;
-      status = register_locked(start, end, prot, &hit);
+      status = register_locked(start, end, align_mask, prot, &hit);
     }
     deferred = take_deferred_locked();
   }
@@ -553,9 +558,11 @@ size_t Cache::evict_unused_locked() noexcept {
   return evicted;
 }
 
-mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot,
-                                    Region **out) noexcept {
-  // Merge with every overlapping or adjacent region whose protection the memory allows.
+mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
+                                    unsigned prot, Region **out) noexcept {
+  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
+  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
+  // may reach further regions: the loop runs until nothing changes.
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
@@ -575,8 +582,11 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
         }
         continue;
       }
-      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start);
-      const uintptr_t union_end = std::max<uintptr_t>(merged_end, region->end);
+      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
+      // No overflow: table addresses are below 2^57, and get() refused an alignment whose
+      // rounding of the request overflows.
+      const uintptr_t union_end =
+          (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
       const unsigned union_prot = merged_prot | region->prot;
       const bool widens = union_prot != region->prot || union_prot != merged_prot;
       if (!widens || memory_allows(union_start, union_end, union_prot)) {

@@ -214,13 +214,17 @@ class Cache {
   Cache() = default;
   ~Cache();
 
-  bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
+  // align_mask: the requested alignment (at least alignment_) minus one. A region serves a get
+  // only when both its bounds are aligned to it.
+  bool get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
+                Region **out) noexcept;
   // Parks the caller's reference to region in the line of slot `owner` (the caller's); false
   // when the caller must release it.
   bool park(unsigned owner, Region *region) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   void promote(Region *region) noexcept;
-  mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot, Region **out) noexcept;
+  mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
+                        Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
@@ -229,7 +233,7 @@ class Cache {
   void remove_locked(Region *region) noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
-  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot,
+  mrc_status_t register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                                Region **out) noexcept;
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches.

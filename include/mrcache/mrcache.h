@@ -96,7 +96,9 @@ MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
 MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
                              mrc_region_t **out);
 /* The same, with the registration aligned to `alignment` (a power of two >= the page size; 0 =
- * the cache's alignment): what a transport needs when its hardware wants aligned regions. */
+ * the cache's alignment): what a transport needs when its hardware wants aligned regions. Both
+ * ends of the region are multiples of it: a cached region that is not aligned so is not handed
+ * out, and a registration merged with its neighbours is rounded out to the alignment. */
 MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
                                      unsigned prot, mrc_region_t **out);
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);

@@ -242,6 +242,59 @@ TEST_F(CacheTest, AlignedGetsAreAlignedAndMerge) {
   munmap(raw, 64 * kPage);
 }
 
+TEST_F(CacheTest, AnAlignedGetIsNeverServedByAnUnalignedRegion) {
+  require_monitor();
+  const size_t align = 16 * kPage;
+  char *raw = map_pages(160);
+  char *p = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
+  char *q = p + 4 * align;
+  auto expect_aligned = [&](mrc_region_t *region, char *request, const char *path) {
+    const auto start = reinterpret_cast<uintptr_t>(mrc_region_start(region));
+    const uintptr_t end = start + mrc_region_length(region);
+    EXPECT_EQ(start % align, 0u) << path;
+    EXPECT_EQ(end % align, 0u) << path;
+    EXPECT_LE(start, reinterpret_cast<uintptr_t>(request)) << path;
+    EXPECT_GE(end, reinterpret_cast<uintptr_t>(request) + kPage) << path;
+  };
+  // Cached with the page alignment: [p, p+20 pages) starts aligned but does not end so.
+  key_of(p, 20 * kPage, MRC_PROT_READ);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get_aligned(cache, p + kPage, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  expect_aligned(region, p + kPage, "fast path");
+  mrc_put(cache, region);
+  // The same on the slow path: an unmap not yet drained keeps every get off the fast path.
+  key_of(q, 20 * kPage, MRC_PROT_READ);
+  char *scratch = map_pages(1);
+  key_of(scratch, kPage, MRC_PROT_READ);
+  mrc_stats_t before = stats();  // not after the unmap: reading the statistics drains it
+  ASSERT_EQ(munmap(scratch, kPage), 0);
+  ASSERT_EQ(mrc_get_aligned(cache, q, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  mrc_stats_t after = stats();
+  EXPECT_EQ(after.gets - after.hits_fast, before.gets - before.hits_fast + 1)
+      << "the get took the fast path";
+  expect_aligned(region, q, "slow path");
+  mrc_put(cache, region);
+  munmap(raw, 160 * kPage);
+}
+
+TEST_F(CacheTest, MergedRegistrationsAreWidenedToTheAlignment) {
+  require_monitor();
+  const size_t align = 16 * kPage;
+  char *raw = map_pages(80);
+  char *p = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
+  key_of(p + 15 * kPage, 3 * kPage, MRC_PROT_READ);  // [p+15, p+18 pages): across a boundary
+  mrc_region_t *region = nullptr;
+  // The request [p, p+16 pages) merges with it; the union must be rounded out to [p, p+32).
+  ASSERT_EQ(mrc_get_aligned(cache, p + 2 * kPage, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  EXPECT_EQ(mrc_region_start(region), p);
+  EXPECT_EQ(mrc_region_length(region), 2 * align);
+  EXPECT_EQ(mrc::test::registration_of(region)->length, 2 * align);
+  mrc_put(cache, region);
+  EXPECT_EQ(stats().merges, 1u);
+  EXPECT_EQ(stats().regions, 1u);
+  munmap(raw, 80 * kPage);
+}
+
 TEST_F(CacheTest, ProtectionWidensWhenTheMemoryAllowsIt) {
   require_monitor();
   char *p = map_pages(2);
