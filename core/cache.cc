@@ -27,6 +27,14 @@ constexpr size_t kBatch = 32;
 
 constexpr bool is_power_of_two(size_t value) { return value != 0 && (value & (value - 1)) == 0; }
 
+// Whether a registration failure lasts until the memory changes (the backend refuses this
+// memory, or cannot register at all): only those are remembered. Running out of a resource
+// (MRC_ERR_NO_MEMORY: RLIMIT_MEMLOCK, a full buffer table), a busy queue or an I/O error ends by
+// itself, and remembering it would fail the range while a fresh one registers fine.
+constexpr bool failure_lasts(mrc_status_t status) {
+  return status == MRC_ERR_INVALID || status == MRC_ERR_UNSUPPORTED || status == MRC_ERR_BACKEND;
+}
+
 // Collects up to kBatch regions overlapping [from, to), in address order.
 size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
                            Region *(&out)[kBatch]) noexcept {
@@ -649,7 +657,10 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     ++slow_.registration_failures;
     MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
-    if (!watched) {  // nothing would tell us when the memory changes: do not remember
+    // Not remembered when nothing would tell us that the memory changed, or when the failure
+    // may end without any change: the next get asks the backend again.
+    if (!watched || !failure_lasts(status)) {
+      if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }

@@ -92,7 +92,15 @@ MRC_API mrc_status_t mrc_cache_create(const mrc_cache_params_t *params, mrc_cach
 /* Deregisters everything still registered. Regions still referenced become invalid. */
 MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
 
-/* A region covering [addr, addr+len) with at least `prot`, one reference held. */
+/* A region covering [addr, addr+len) with at least `prot`, one reference held.
+ *
+ * Failed registrations: a failure that lasts until the memory changes (MRC_ERR_INVALID,
+ * MRC_ERR_UNSUPPORTED, MRC_ERR_BACKEND: the backend refuses this memory) is remembered, and gets
+ * of the range return it without asking the backend until the memory is unmapped or replaced
+ * (only while the monitor watches it). Any other failure is not remembered: after
+ * MRC_ERR_NO_MEMORY (RLIMIT_MEMLOCK, a full table), MRC_ERR_BUSY or MRC_ERR_IO the next get asks
+ * the backend again. (On MRC_ERR_NO_MEMORY a get has already deregistered the cached regions no
+ * one uses and retried once before it returns the failure.) */
 MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
                              mrc_region_t **out);
 /* The same, with the registration aligned to `alignment` (a power of two >= the page size; 0 =

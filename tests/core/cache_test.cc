@@ -397,6 +397,56 @@ TEST_F(CacheTest, FailedRegistrationIsRememberedUntilTheMemoryChanges) {
   munmap(p, 2 * kPage);
 }
 
+TEST_F(CacheTest, TransientRegistrationFailureIsNotRemembered) {
+  require_monitor();
+  char *p = map_pages(2);
+  backend.fail_status = MRC_ERR_NO_MEMORY;  // RLIMIT_MEMLOCK reached, a full buffer table
+  {
+    std::lock_guard lock(backend.mutex);
+    backend.failing_starts.insert(reinterpret_cast<uintptr_t>(p));
+  }
+  mrc_region_t *region = nullptr;
+  EXPECT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_ERR_NO_MEMORY);
+  EXPECT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_ERR_NO_MEMORY);
+  EXPECT_EQ(backend.failures, 2u) << "the second get did not ask the backend again";
+  EXPECT_EQ(stats().registration_failures, 2u);
+  // The resource is back: the same memory registers at the next get.
+  {
+    std::lock_guard lock(backend.mutex);
+    backend.failing_starts.clear();
+  }
+  ASSERT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_OK);
+  EXPECT_EQ(backend.regs, 1u);
+  mrc_put(cache, region);
+  EXPECT_EQ(stats().regions, 1u);
+  munmap(p, 2 * kPage);
+}
+
+TEST_F(CacheTest, OnlyFailuresThatLastUntilTheMemoryChangesAreRemembered) {
+  require_monitor();
+  struct Case {
+    mrc_status_t status;
+    bool remembered;
+  };
+  const Case cases[] = {{MRC_ERR_INVALID, true}, {MRC_ERR_UNSUPPORTED, true},
+                        {MRC_ERR_BACKEND, true}, {MRC_ERR_NO_MEMORY, false},
+                        {MRC_ERR_BUSY, false},   {MRC_ERR_IO, false}};
+  for (const Case &c : cases) {
+    char *p = map_pages(1);
+    backend.fail_status = c.status;
+    {
+      std::lock_guard lock(backend.mutex);
+      backend.failing_starts.insert(reinterpret_cast<uintptr_t>(p));
+    }
+    const uint64_t before = backend.failures;
+    mrc_region_t *region = nullptr;
+    EXPECT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), c.status);
+    EXPECT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), c.status);
+    EXPECT_EQ(backend.failures - before, c.remembered ? 1u : 2u) << mrc_status_string(c.status);
+    munmap(p, kPage);
+  }
+}
+
 TEST_F(CacheTest, FailedMergedRegistrationFallsBackToTheRequestAlone) {
   require_monitor();
   char *p = map_pages(4);
