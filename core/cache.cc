@@ -326,8 +326,36 @@ void Cache::put(Region *region) noexcept {
   }
   const ThreadSlot &thread = this_thread_slot();
   hot_.add(thread, Counter::Puts);
+  if (__builtin_expect(over_bound_.load(std::memory_order_relaxed), 0)) {
+    put_over_bound(region);
+    return;
+  }
   if (thread.exclusive && park(thread.index, region)) return;
   release(region);
+}
+
+// Every region was in use when the cache last went past its bound, so one of these puts is the
+// first to leave an excess region unused: it trims at once rather than waiting for a miss.
+void Cache::put_over_bound(Region *region) noexcept {
+  const bool cached = region->has(Region::kInTable);  // our reference keeps the region alive
+  uint64_t left = 0;
+  if (region->drop_reference(&left)) {
+    release_last(region);
+    return;
+  }
+  // Not read again after the drop: the region may be gone. left == 1 with a region removed in
+  // between is someone else's reference; the trim then finds nothing, which is harmless.
+  if (cached && left == 1) trim();
+}
+
+void Cache::trim() noexcept {
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    evict_locked();
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
 }
 
 bool Cache::park(unsigned owner, Region *region) noexcept {
@@ -466,6 +494,9 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 void Cache::remove_locked(Region *region) noexcept {
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
+  // A removal may bring the cache back within its bound: the flag goes then, or puts would keep
+  // trimming for nothing and not parking.
+  const bool was_over = over_bound_.load(std::memory_order_relaxed);
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
@@ -475,6 +506,7 @@ void Cache::remove_locked(Region *region) noexcept {
     --cached_regions_;
     cached_bytes_ -= region->length();
   }
+  if (was_over && !over_bound_locked()) over_bound_.store(false, std::memory_order_relaxed);
   if (registered) {
     // Flagged before the table's reference goes: the last put may follow at once.
     region->change_flags(Region::kUnreleased);
@@ -507,19 +539,20 @@ void Cache::purge(bool deregister) noexcept {
   retire_batch_locked();
 }
 
+bool Cache::over_bound_locked() const noexcept {
+  return (max_regions_ != 0 && table_entries_ > max_regions_) ||
+         (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
+}
+
 void Cache::evict_locked() noexcept {
-  auto over_limit = [this] {
-    return (max_regions_ != 0 && table_entries_ > max_regions_) ||
-           (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
-  };
   // CLOCK: two passes clear every reference bit, a third finds any unused region left. A region
   // that only parked references hold is not in use: when such regions are in the way, their
   // references are reclaimed and the hand goes round once more.
   bool skipped_parkable = false;
-  for (int round = 0; round < 2 && over_limit(); ++round) {
+  for (int round = 0; round < 2 && over_bound_locked(); ++round) {
     if (round == 1 && !(skipped_parkable && unpark_all_locked())) break;
     size_t budget = 3 * table_entries_;
-    while (over_limit() && lru_hand_ != nullptr && budget-- != 0) {
+    while (over_bound_locked() && lru_hand_ != nullptr && budget-- != 0) {
       Region *region = lru_hand_;
       lru_hand_ = region->lru_next;
       if (region->refcount.load(std::memory_order_acquire) != 1) {  // in use: never
@@ -533,6 +566,10 @@ void Cache::evict_locked() noexcept {
       ++slow_.evictions;
       remove_locked(region);
     }
+  }
+  // Still past the bound: every region left is in use, and the put that frees one trims.
+  if (over_bound_locked() && !over_bound_.load(std::memory_order_relaxed)) {
+    over_bound_.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -759,7 +796,10 @@ void Cache::live_insert_locked(Region *region) noexcept {
 // ---- releasing --------------------------------------------------------------------------------
 
 void Cache::release(Region *region) noexcept {
-  if (!region->drop_reference()) return;
+  if (region->drop_reference()) release_last(region);
+}
+
+void Cache::release_last(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
       (flags & Region::kForgotten) == 0) {

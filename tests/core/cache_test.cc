@@ -507,6 +507,49 @@ TEST_F(CacheTest, LimitByBytes) {
   for (char *m : maps) munmap(m, 4 * kPage);
 }
 
+TEST_F(CacheTest, ReleasingEveryRegionTrimsTheCacheBackToItsCountBound) {
+  require_monitor();
+  mrc_cache_params_t params = backend.params();
+  params.max_regions = 4;
+  ASSERT_EQ(create(params), MRC_OK);
+  std::vector<char *> maps;
+  std::vector<mrc_region_t *> held;
+  for (int i = 0; i < 6; ++i) {
+    maps.push_back(map_pages(2));
+    mrc_region_t *region = nullptr;
+    ASSERT_EQ(mrc_get(cache, maps.back(), kPage, MRC_PROT_READ, &region), MRC_OK);
+    held.push_back(region);
+  }
+  EXPECT_EQ(stats().regions, 6u) << "every region is in use: past the bound";
+  // Hot enough to be promoted: its puts must not park it (a parked reference looks like a use).
+  for (int i = 0; i < 32; ++i) key_of(maps[0], kPage, MRC_PROT_READ);
+  for (mrc_region_t *region : held) mrc_put(cache, region);
+  mrc_stats_t s = stats();
+  EXPECT_EQ(s.regions, 4u) << "unused regions left past the bound";
+  EXPECT_EQ(s.evictions, 2u);
+  EXPECT_EQ(backend.live_count(), 4u) << "the trimmed regions were not deregistered";
+  for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+TEST_F(CacheTest, ReleasingEveryRegionTrimsTheCacheBackToItsByteBound) {
+  require_monitor();
+  mrc_cache_params_t params = backend.params();
+  params.max_bytes = 8 * kPage;
+  ASSERT_EQ(create(params), MRC_OK);
+  std::vector<char *> maps;
+  std::vector<mrc_region_t *> held;
+  for (int i = 0; i < 4; ++i) {
+    maps.push_back(map_pages(4));
+    mrc_region_t *region = nullptr;
+    ASSERT_EQ(mrc_get(cache, maps.back(), 3 * kPage, MRC_PROT_READ, &region), MRC_OK);
+    held.push_back(region);
+  }
+  EXPECT_EQ(stats().registered_bytes, 12 * kPage) << "every region is in use: past the bound";
+  for (mrc_region_t *region : held) mrc_put(cache, region);
+  EXPECT_LE(stats().registered_bytes, 8 * kPage) << "unused regions left past the bound";
+  for (char *m : maps) munmap(m, 4 * kPage);
+}
+
 TEST_F(CacheTest, RecentlyUsedRegionsSurviveEviction) {
   require_monitor();
   mrc_cache_params_t params = backend.params();
