@@ -1074,9 +1074,17 @@ void Cache::stats(mrc_stats_t *out) noexcept {
   uint64_t released_bytes = 0;
   uint64_t unreleased_uncached = 0;
   {
+    std::unique_lock lock(mutex_);
+    // True when read: an unmap that returned before this call is applied and counted now (like
+    // a slow path would), and what it released is deregistered before the figures are taken.
+    drain_locked();
+    if (Region *deferred = take_deferred_locked(); deferred != nullptr) {
+      lock.unlock();  // deregistration never runs under mutex_
+      finish_all(deferred);
+      lock.lock();
+    }
     // The sharded sums under the lock too: what they subtract was then added before (under the
     // lock), so the differences never go below zero.
-    std::lock_guard lock(mutex_);
     slow = slow_;
     stats.regions = cached_regions_;
     ended_bytes = hot_.sum(Counter::EndedBytes);

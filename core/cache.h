@@ -62,7 +62,10 @@
 //   evicted regions are finished after the lock. A put that read a stale clear flag only delays
 //   the trim to the next miss or trim (the bound was never a hard one while regions are held).
 // - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
-//   shards (core/counters.h), the rest are plain integers under mutex_.
+//   shards (core/counters.h), the rest are plain integers under mutex_. stats() drains the
+//   invalidation queue under mutex_ first, as a slow path does (so an unmap that returned before
+//   the call is counted), finishes the regions that released outside the lock, then takes the
+//   figures under mutex_ again.
 #pragma once
 
 #include <atomic>

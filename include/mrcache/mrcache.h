@@ -121,6 +121,9 @@ MRC_API uint64_t mrc_region_key(const mrc_region_t *region);
 MRC_API void *mrc_region_handle(const mrc_region_t *region);
 MRC_API unsigned mrc_region_prot(const mrc_region_t *region);
 
+/* The figures as of the call: invalidations the monitor has published (every unmap that returned
+ * before the call) are applied first, so unmap_events (the monitor's records this cache applied),
+ * invalidations, regions and the deregistrations they cause already count them. */
 MRC_API mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats);
 /* Deregisters every cached region not in use; regions in use leave the cache and are
  * deregistered at their last mrc_put. */

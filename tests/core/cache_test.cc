@@ -598,16 +598,29 @@ TEST_F(CacheTest, StatisticsAfterUnmap) {
   char *p = map_pages(4);
   key_of(p, 4 * kPage);
   munmap(p, 4 * kPage);
-  mrc_stats_t s = stats();  // events are applied lazily, at the next slow path
   char *q = map_pages(1);
   key_of(q, kPage);
-  s = stats();
+  mrc_stats_t s = stats();
   EXPECT_GE(s.unmap_events, 1u);
   EXPECT_EQ(s.invalidations, 1u);
   EXPECT_EQ(s.regions, 1u);
   EXPECT_EQ(s.registered_bytes, kPage);
   EXPECT_EQ(s.deregistrations, 1u);
   munmap(q, kPage);
+}
+
+TEST_F(CacheTest, StatisticsCountAnUnmapBeforeTheNextGet) {
+  require_monitor();
+  char *p = map_pages(4);
+  key_of(p, 4 * kPage);
+  ASSERT_EQ(munmap(p, 4 * kPage), 0);
+  const mrc_stats_t s = stats();  // no get since the unmap
+  EXPECT_GE(s.unmap_events, 1u);
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.regions, 0u);
+  EXPECT_EQ(s.registered_bytes, 0u);
+  EXPECT_EQ(s.deregistrations, 1u);
+  EXPECT_EQ(backend.live_count(), 0u);
 }
 
 TEST_F(CacheTest, StatisticsAsJson) {
