@@ -27,6 +27,14 @@ constexpr size_t kBatch = 32;
 
 constexpr bool is_power_of_two(size_t value) { return value != 0 && (value & (value - 1)) == 0; }
 
+// Whether a registration failure lasts until the memory changes (the backend refuses this
+// memory, or cannot register at all): only those are remembered. Running out of a resource
+// (MRC_ERR_NO_MEMORY: RLIMIT_MEMLOCK, a full buffer table), a busy queue or an I/O error ends by
+// itself, and remembering it would fail the range while a fresh one registers fine.
+constexpr bool failure_lasts(mrc_status_t status) {
+  return status == MRC_ERR_INVALID || status == MRC_ERR_UNSUPPORTED || status == MRC_ERR_BACKEND;
+}
+
 // Collects up to kBatch regions overlapping [from, to), in address order.
 size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
                            Region *(&out)[kBatch]) noexcept {
@@ -236,13 +244,14 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
   const uffd::Consumer::Unmaps unmaps =
       exact_ ? consumer_->probe_unmaps() : uffd::Consumer::Unmaps::Read;
-  if (unmaps == uffd::Consumer::Unmaps::Read && get_fast(address, request_end, prot, out)) {
+  if (unmaps == uffd::Consumer::Unmaps::Read &&
+      get_fast(address, request_end, align - 1, prot, out)) {
     return MRC_OK;
   }
-  return get_slow(start, end, prot, unmaps, out);
+  return get_slow(start, end, align - 1, prot, unmaps, out);
 }
 
-bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
+bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
                      Region **out) noexcept {
   if (!consumer_->quiescent()) return false;
   const ThreadSlot &thread = this_thread_slot();
@@ -256,7 +265,10 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, unsigned prot,
     region = static_cast<Region *>(found);
     // Bounds and prot never change once a region is published in the table; the start check
     // also keeps a lookup that raced with a restructuring writer from handing out a neighbour.
-    if (region->start > address || region->end < request_end || (region->prot & prot) != prot) {
+    // Every region is aligned to alignment_, so only a larger requested alignment can fail the
+    // last test: an OR and an AND of bounds already loaded.
+    if (region->start > address || region->end < request_end || (region->prot & prot) != prot ||
+        ((region->start | region->end) & align_mask) != 0) {
       return false;
     }
     if (line != nullptr &&
@@ -324,8 +336,36 @@ void Cache::put(Region *region) noexcept {
   }
   const ThreadSlot &thread = this_thread_slot();
   hot_.add(thread, Counter::Puts);
+  if (__builtin_expect(over_bound_.load(std::memory_order_relaxed), 0)) {
+    put_over_bound(region);
+    return;
+  }
   if (thread.exclusive && park(thread.index, region)) return;
   release(region);
+}
+
+// Every region was in use when the cache last went past its bound, so one of these puts is the
+// first to leave an excess region unused: it trims at once rather than waiting for a miss.
+void Cache::put_over_bound(Region *region) noexcept {
+  const bool cached = region->has(Region::kInTable);  // our reference keeps the region alive
+  uint64_t left = 0;
+  if (region->drop_reference(&left)) {
+    release_last(region);
+    return;
+  }
+  // Not read again after the drop: the region may be gone. left == 1 with a region removed in
+  // between is someone else's reference; the trim then finds nothing, which is harmless.
+  if (cached && left == 1) trim();
+}
+
+void Cache::trim() noexcept {
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    evict_locked();
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
 }
 
 bool Cache::park(unsigned owner, Region *region) noexcept {
@@ -377,7 +417,7 @@ bool Cache::verify_pfns(Region *region) noexcept {
   return false;
 }
 
-mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot,
+mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                              uffd::Consumer::Unmaps unmaps, Region **out) noexcept {
   // An unmap in flight may have freed this memory before it was mapped again: wait until the
   // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
@@ -395,7 +435,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot,
       std::lock_guard lock(mutex_);
       ++slow_.gets_slow;
       ++slow_.misses;
-      status = register_locked(start, end, prot, /*cacheable=*/false, &hit);
+      status = register_locked(start, end, align_mask, prot, /*cacheable=*/false, &hit);
       deferred = take_deferred_locked();
     }
     finish_all(deferred);
@@ -410,7 +450,8 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot,
     if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
     drain_locked();
     auto *region = static_cast<Region *>(table_.lookup(start));
-    if (region != nullptr && region->end >= end && (region->prot & prot) == prot) {
+    if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
+        ((region->start | region->end) & align_mask) == 0) {
       if (region->has(Region::kFailed)) {
         // A remembered failure: the memory has not changed since (no event removed it).
         ++slow_.registration_failures;
@@ -423,7 +464,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, unsigned prot,
     }
     if (status == MRC_OK && hit == nullptr) {
       ++slow_.misses;
-      status = register_locked(start, end, prot, /*cacheable=*/true, &hit);
+      status = register_locked(start, end, align_mask, prot, /*cacheable=*/true, &hit);
     }
     deferred = take_deferred_locked();
   }
@@ -479,6 +520,9 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 void Cache::remove_locked(Region *region) noexcept {
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
+  // A removal may bring the cache back within its bound: the flag goes then, or puts would keep
+  // trimming for nothing and not parking.
+  const bool was_over = over_bound_.load(std::memory_order_relaxed);
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
@@ -488,6 +532,7 @@ void Cache::remove_locked(Region *region) noexcept {
     --cached_regions_;
     cached_bytes_ -= region->length();
   }
+  if (was_over && !over_bound_locked()) over_bound_.store(false, std::memory_order_relaxed);
   if (registered) {
     // Flagged before the table's reference goes: the last put may follow at once.
     region->change_flags(Region::kUnreleased);
@@ -520,19 +565,20 @@ void Cache::purge(bool deregister) noexcept {
   retire_batch_locked();
 }
 
+bool Cache::over_bound_locked() const noexcept {
+  return (max_regions_ != 0 && table_entries_ > max_regions_) ||
+         (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
+}
+
 void Cache::evict_locked() noexcept {
-  auto over_limit = [this] {
-    return (max_regions_ != 0 && table_entries_ > max_regions_) ||
-           (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
-  };
   // CLOCK: two passes clear every reference bit, a third finds any unused region left. A region
   // that only parked references hold is not in use: when such regions are in the way, their
   // references are reclaimed and the hand goes round once more.
   bool skipped_parkable = false;
-  for (int round = 0; round < 2 && over_limit(); ++round) {
+  for (int round = 0; round < 2 && over_bound_locked(); ++round) {
     if (round == 1 && !(skipped_parkable && unpark_all_locked())) break;
     size_t budget = 3 * table_entries_;
-    while (over_limit() && lru_hand_ != nullptr && budget-- != 0) {
+    while (over_bound_locked() && lru_hand_ != nullptr && budget-- != 0) {
       Region *region = lru_hand_;
       lru_hand_ = region->lru_next;
       if (region->refcount.load(std::memory_order_acquire) != 1) {  // in use: never
@@ -546,6 +592,10 @@ void Cache::evict_locked() noexcept {
       ++slow_.evictions;
       remove_locked(region);
     }
+  }
+  // Still past the bound: every region left is in use, and the put that frees one trims.
+  if (over_bound_locked() && !over_bound_.load(std::memory_order_relaxed)) {
+    over_bound_.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -579,9 +629,11 @@ size_t Cache::evict_unused_locked() noexcept {
   return evicted;
 }
 
-mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned prot, bool cacheable,
-                                    Region **out) noexcept {
-  // Merge with every overlapping or adjacent region whose protection the memory allows.
+mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
+                                    unsigned prot, bool cacheable, Region **out) noexcept {
+  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
+  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
+  // may reach further regions: the loop runs until nothing changes.
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
@@ -601,8 +653,11 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
         }
         continue;
       }
-      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start);
-      const uintptr_t union_end = std::max<uintptr_t>(merged_end, region->end);
+      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
+      // No overflow: table addresses are below 2^57, and get() refused an alignment whose
+      // rounding of the request overflows.
+      const uintptr_t union_end =
+          (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
       const unsigned union_prot = merged_prot | region->prot;
       const bool widens = union_prot != region->prot || union_prot != merged_prot;
       if (!widens || memory_allows(union_start, union_end, union_prot)) {
@@ -664,7 +719,10 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, unsigned pro
     ++slow_.registration_failures;
     MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
                   merged_start, merged_end, mrc_status_string(status));
-    if (!watched) {  // nothing would tell us when the memory changes: do not remember
+    // Not remembered when nothing would tell us that the memory changed, or when the failure
+    // may end without any change: the next get asks the backend again.
+    if (!watched || !failure_lasts(status)) {
+      if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }
@@ -763,7 +821,10 @@ void Cache::live_insert_locked(Region *region) noexcept {
 // ---- releasing --------------------------------------------------------------------------------
 
 void Cache::release(Region *region) noexcept {
-  if (!region->drop_reference()) return;
+  if (region->drop_reference()) release_last(region);
+}
+
+void Cache::release_last(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
       (flags & Region::kForgotten) == 0) {
@@ -1038,9 +1099,17 @@ void Cache::stats(mrc_stats_t *out) noexcept {
   uint64_t released_bytes = 0;
   uint64_t unreleased_uncached = 0;
   {
+    std::unique_lock lock(mutex_);
+    // True when read: an unmap that returned before this call is applied and counted now (like
+    // a slow path would), and what it released is deregistered before the figures are taken.
+    drain_locked();
+    if (Region *deferred = take_deferred_locked(); deferred != nullptr) {
+      lock.unlock();  // deregistration never runs under mutex_
+      finish_all(deferred);
+      lock.lock();
+    }
     // The sharded sums under the lock too: what they subtract was then added before (under the
     // lock), so the differences never go below zero.
-    std::lock_guard lock(mutex_);
     slow = slow_;
     stats.regions = cached_regions_;
     ended_bytes = hot_.sum(Counter::EndedBytes);

@@ -55,8 +55,20 @@
 //   a real one: the region stays alive, and counts as in use, until taken back or reclaimed.
 //   Lines are indexed by the thread's exclusive counter slot (threads sharing slots do not park);
 //   a slot's next thread inherits its line, and with it the ownership of what is parked there.
+// - Over the bound. When every cached region is in use, eviction leaves the cache past
+//   max_regions/max_bytes and sets over_bound_ (relaxed, under mutex_); it is cleared under
+//   mutex_ once removals bring the cache back within the bound. put reads it relaxed (a load of a
+//   line that is only read while the cache stays within its bound): when set, the put does not
+//   park (a parked reference would keep the region looking used), releases its reference with
+//   fetch_sub, and when that left only the table's reference (and the region was in the table at
+//   the put, read under the caller's reference), takes mutex_ and evicts back to the bound; the
+//   evicted regions are finished after the lock. A put that read a stale clear flag only delays
+//   the trim to the next miss or trim (the bound was never a hard one while regions are held).
 // - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
-//   shards (core/counters.h), the rest are plain integers under mutex_.
+//   shards (core/counters.h), the rest are plain integers under mutex_. stats() drains the
+//   invalidation queue under mutex_ first, as a slow path does (so an unmap that returned before
+//   the call is counted), finishes the regions that released outside the lock, then takes the
+//   figures under mutex_ again.
 #pragma once
 
 #include <atomic>
@@ -164,14 +176,18 @@ struct Region : PgtRegion, mrc_region {
   }
   // True for the one caller that dropped the last reference and must retire the region. The
   // last reference costs one locked instruction too: 1 -> kDead directly.
-  bool drop_reference() noexcept {
+  // When it returns false and `left` is given, *left is the count this drop left (references of
+  // others, which may be gone by the time the caller reads it).
+  bool drop_reference(uint64_t *left = nullptr) noexcept {
     uint64_t one = 1;
     if (refcount.load(std::memory_order_relaxed) == 1 &&
         refcount.compare_exchange_strong(one, kDead, std::memory_order_acq_rel,
                                          std::memory_order_relaxed)) {
       return true;
     }
-    if (refcount.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+    const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
+    if (left != nullptr) *left = before - 1;
+    if (before != 1) return false;
     uint64_t zero = 0;
     return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
                                             std::memory_order_relaxed);
@@ -217,13 +233,21 @@ class Cache {
   Cache() = default;
   ~Cache();
 
-  bool get_fast(uintptr_t address, uintptr_t request_end, unsigned prot, Region **out) noexcept;
+  // align_mask: the requested alignment (at least alignment_) minus one. A region serves a get
+  // only when both its bounds are aligned to it.
+  bool get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
+                Region **out) noexcept;
   // Parks the caller's reference to region in the line of slot `owner` (the caller's); false
   // when the caller must release it.
   bool park(unsigned owner, Region *region) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
+  // put() while over_bound_ is set: releases without parking and trims when the region is left
+  // unused.
+  [[gnu::noinline]] void put_over_bound(Region *region) noexcept;
+  // Takes mutex_: evicts back to the bound, then finishes what that released.
+  void trim() noexcept;
   void promote(Region *region) noexcept;
-  mrc_status_t get_slow(uintptr_t start, uintptr_t end, unsigned prot,
+  mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                         uffd::Consumer::Unmaps unmaps, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
@@ -231,12 +255,13 @@ class Cache {
   void drain_locked() noexcept;
   void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept;
   void remove_locked(Region *region) noexcept;
+  bool over_bound_locked() const noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
   // Registers [start, end) merged with its neighbours, watched and in the table; with
   // cacheable=false exactly the request, handed out uncached (deregistered at its last put).
-  mrc_status_t register_locked(uintptr_t start, uintptr_t end, unsigned prot, bool cacheable,
-                               Region **out) noexcept;
+  mrc_status_t register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
+                               bool cacheable, Region **out) noexcept;
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches.
   static void ring_insert_locked(Region *&head, Region *region) noexcept;
@@ -257,6 +282,7 @@ class Cache {
   // put path, or after the lock for those collected on deferred_) and pushed on finished_, then
   // unlinked from the live list and retired by reap_finished_locked.
   void release(Region *region) noexcept;
+  void release_last(Region *region) noexcept;  // the count reached zero (kDead): ours to end
   void defer_locked(Region *region) noexcept;
   Region *take_deferred_locked() noexcept;
   void finish_all(Region *list) noexcept;
@@ -279,6 +305,10 @@ class Cache {
   size_t max_regions_ = 0;
   size_t max_bytes_ = 0;
   size_t max_unreleased_ = 0;
+  // Set (relaxed) under mutex_ when eviction left the cache past max_regions/max_bytes (every
+  // region in use), cleared under mutex_ once it is back within them; read relaxed by put. Stored
+  // only when it changes: the line is read by every put.
+  std::atomic<bool> over_bound_{false};
   unsigned flags_ = 0;
   bool exact_ = true;  // no MRC_FLAG_ORDERED_UNMAPS: every get probes for unmaps in flight
   size_t verify_pfn_pages_ = 0;

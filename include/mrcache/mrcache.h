@@ -110,11 +110,21 @@ MRC_API mrc_status_t mrc_cache_create(const mrc_cache_params_t *params, mrc_cach
 /* Deregisters everything still registered. Regions still referenced become invalid. */
 MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
 
-/* A region covering [addr, addr+len) with at least `prot`, one reference held. */
+/* A region covering [addr, addr+len) with at least `prot`, one reference held.
+ *
+ * Failed registrations: a failure that lasts until the memory changes (MRC_ERR_INVALID,
+ * MRC_ERR_UNSUPPORTED, MRC_ERR_BACKEND: the backend refuses this memory) is remembered, and gets
+ * of the range return it without asking the backend until the memory is unmapped or replaced
+ * (only while the monitor watches it). Any other failure is not remembered: after
+ * MRC_ERR_NO_MEMORY (RLIMIT_MEMLOCK, a full table), MRC_ERR_BUSY or MRC_ERR_IO the next get asks
+ * the backend again. (On MRC_ERR_NO_MEMORY a get has already deregistered the cached regions no
+ * one uses and retried once before it returns the failure.) */
 MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
                              mrc_region_t **out);
 /* The same, with the registration aligned to `alignment` (a power of two >= the page size; 0 =
- * the cache's alignment): what a transport needs when its hardware wants aligned regions. */
+ * the cache's alignment): what a transport needs when its hardware wants aligned regions. Both
+ * ends of the region are multiples of it: a cached region that is not aligned so is not handed
+ * out, and a registration merged with its neighbours is rounded out to the alignment. */
 MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
                                      unsigned prot, mrc_region_t **out);
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);
@@ -129,6 +139,9 @@ MRC_API uint64_t mrc_region_key(const mrc_region_t *region);
 MRC_API void *mrc_region_handle(const mrc_region_t *region);
 MRC_API unsigned mrc_region_prot(const mrc_region_t *region);
 
+/* The figures as of the call: invalidations the monitor has published (every unmap that returned
+ * before the call) are applied first, so unmap_events (the monitor's records this cache applied),
+ * invalidations, regions and the deregistrations they cause already count them. */
 MRC_API mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats);
 /* Deregisters every cached region not in use; regions in use leave the cache and are
  * deregistered at their last mrc_put. */

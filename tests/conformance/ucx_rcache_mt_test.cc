@@ -76,7 +76,14 @@ TEST_F(UcxRcacheMt, SixThreadsGetTheSameRegistrationUntilTheirBufferIsFreed) {
     const uintptr_t pa = physical_page(mrc_region_start(region));
     put(region);
     region = get(ptr, size);
-    EXPECT_EQ(key(region), id) << "a second get of unchanged memory registered again";
+    // DIFFERENCE: another thread's buffer mapped right next to this one may have merged with it
+    // (mrcache merges adjacent registrations); the second get is then served by that merge,
+    // which is newer and larger. Anything else is a second registration of unchanged memory.
+    if (key(region) != id) {
+      EXPECT_GT(key(region), id);
+      EXPECT_GT(mrc_region_length(region), size)
+          << "a second get of unchanged memory registered again";
+    }
     put(region);
     std::free(ptr);
     ptr = static_cast<char *>(std::calloc(1, size));

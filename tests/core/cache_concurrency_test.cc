@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <mutex>
 #include <random>
@@ -191,6 +192,71 @@ TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
   ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
   if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
   run_invalidating_workers({/*pages=*/8, /*stride=*/2, /*dwell=*/64, /*every=*/97});
+}
+
+// Four threads each hold four regions, twice what max_regions allows, hit them (hot enough to be
+// promoted to parking), then put them all at once: the puts that leave regions unused race with
+// each other's trims, and when the last one returns the cache is back within its bound.
+TEST(CacheConcurrency, ConcurrentReleasesTrimTheCacheBackToItsBound) {
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  constexpr int kThreads = 4;
+  constexpr int kHeld = 4;
+  constexpr size_t kBound = 8;
+  CountingBackend backend;
+  mrc_cache_params_t params = backend.params("trim");
+  params.max_regions = kBound;
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  const size_t length = 2 * kThreads * kHeld * kPage;  // a page apart: no merging
+  char *p = static_cast<char *>(
+      mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  std::atomic<int> over_after_release{0}, failed_gets{0};
+  auto check = [&]() noexcept {
+    mrc_stats_t s{};
+    if (mrc_cache_stats(cache, &s) != MRC_OK || s.regions > kBound) ++over_after_release;
+  };
+  std::barrier all_held(kThreads);
+  std::barrier all_released(kThreads, check);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        mrc_region_t *held[kHeld] = {};
+        for (int i = 0; i < kHeld; ++i) {
+          char *address = p + static_cast<size_t>(2 * (t * kHeld + i)) * kPage;
+          if (mrc_get(cache, address, kPage, MRC_PROT_READ, &held[i]) != MRC_OK) ++failed_gets;
+        }
+        all_held.arrive_and_wait();
+        for (int hit = 0; hit < 16; ++hit) {
+          for (int i = 0; i < kHeld; ++i) {
+            mrc_region_t *region = nullptr;
+            char *address = p + static_cast<size_t>(2 * (t * kHeld + i)) * kPage;
+            if (mrc_get(cache, address, kPage, MRC_PROT_READ, &region) != MRC_OK) {
+              ++failed_gets;
+              continue;
+            }
+            mrc_put(cache, region);
+          }
+        }
+        for (mrc_region_t *region : held) {
+          if (region != nullptr) mrc_put(cache, region);
+        }
+        all_released.arrive_and_wait();
+      }
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failed_gets.load(), 0);
+  EXPECT_EQ(over_after_release.load(), 0) << "unused regions left past the bound";
+  mrc_stats_t s{};
+  ASSERT_EQ(mrc_cache_stats(cache, &s), MRC_OK);
+  EXPECT_EQ(backend.live_count(), s.regions) << "trimmed regions were not deregistered";
+  mrc_cache_destroy(cache);
+  EXPECT_EQ(backend.live_count(), 0u);
+  munmap(p, length);
 }
 
 }  // namespace

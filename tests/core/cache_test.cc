@@ -242,6 +242,59 @@ TEST_F(CacheTest, AlignedGetsAreAlignedAndMerge) {
   munmap(raw, 64 * kPage);
 }
 
+TEST_F(CacheTest, AnAlignedGetIsNeverServedByAnUnalignedRegion) {
+  require_monitor();
+  const size_t align = 16 * kPage;
+  char *raw = map_pages(160);
+  char *p = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
+  char *q = p + 4 * align;
+  auto expect_aligned = [&](mrc_region_t *region, char *request, const char *path) {
+    const auto start = reinterpret_cast<uintptr_t>(mrc_region_start(region));
+    const uintptr_t end = start + mrc_region_length(region);
+    EXPECT_EQ(start % align, 0u) << path;
+    EXPECT_EQ(end % align, 0u) << path;
+    EXPECT_LE(start, reinterpret_cast<uintptr_t>(request)) << path;
+    EXPECT_GE(end, reinterpret_cast<uintptr_t>(request) + kPage) << path;
+  };
+  // Cached with the page alignment: [p, p+20 pages) starts aligned but does not end so.
+  key_of(p, 20 * kPage, MRC_PROT_READ);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get_aligned(cache, p + kPage, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  expect_aligned(region, p + kPage, "fast path");
+  mrc_put(cache, region);
+  // The same on the slow path: an unmap not yet drained keeps every get off the fast path.
+  key_of(q, 20 * kPage, MRC_PROT_READ);
+  char *scratch = map_pages(1);
+  key_of(scratch, kPage, MRC_PROT_READ);
+  mrc_stats_t before = stats();  // not after the unmap: reading the statistics drains it
+  ASSERT_EQ(munmap(scratch, kPage), 0);
+  ASSERT_EQ(mrc_get_aligned(cache, q, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  mrc_stats_t after = stats();
+  EXPECT_EQ(after.gets - after.hits_fast, before.gets - before.hits_fast + 1)
+      << "the get took the fast path";
+  expect_aligned(region, q, "slow path");
+  mrc_put(cache, region);
+  munmap(raw, 160 * kPage);
+}
+
+TEST_F(CacheTest, MergedRegistrationsAreWidenedToTheAlignment) {
+  require_monitor();
+  const size_t align = 16 * kPage;
+  char *raw = map_pages(80);
+  char *p = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
+  key_of(p + 15 * kPage, 3 * kPage, MRC_PROT_READ);  // [p+15, p+18 pages): across a boundary
+  mrc_region_t *region = nullptr;
+  // The request [p, p+16 pages) merges with it; the union must be rounded out to [p, p+32).
+  ASSERT_EQ(mrc_get_aligned(cache, p + 2 * kPage, kPage, align, MRC_PROT_READ, &region), MRC_OK);
+  EXPECT_EQ(mrc_region_start(region), p);
+  EXPECT_EQ(mrc_region_length(region), 2 * align);
+  EXPECT_EQ(mrc::test::registration_of(region)->length, 2 * align);
+  mrc_put(cache, region);
+  EXPECT_EQ(stats().merges, 1u);
+  EXPECT_EQ(stats().regions, 1u);
+  munmap(raw, 80 * kPage);
+}
+
 TEST_F(CacheTest, ProtectionWidensWhenTheMemoryAllowsIt) {
   require_monitor();
   char *p = map_pages(2);
@@ -344,6 +397,56 @@ TEST_F(CacheTest, FailedRegistrationIsRememberedUntilTheMemoryChanges) {
   munmap(p, 2 * kPage);
 }
 
+TEST_F(CacheTest, TransientRegistrationFailureIsNotRemembered) {
+  require_monitor();
+  char *p = map_pages(2);
+  backend.fail_status = MRC_ERR_NO_MEMORY;  // RLIMIT_MEMLOCK reached, a full buffer table
+  {
+    std::lock_guard lock(backend.mutex);
+    backend.failing_starts.insert(reinterpret_cast<uintptr_t>(p));
+  }
+  mrc_region_t *region = nullptr;
+  EXPECT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_ERR_NO_MEMORY);
+  EXPECT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_ERR_NO_MEMORY);
+  EXPECT_EQ(backend.failures, 2u) << "the second get did not ask the backend again";
+  EXPECT_EQ(stats().registration_failures, 2u);
+  // The resource is back: the same memory registers at the next get.
+  {
+    std::lock_guard lock(backend.mutex);
+    backend.failing_starts.clear();
+  }
+  ASSERT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_OK);
+  EXPECT_EQ(backend.regs, 1u);
+  mrc_put(cache, region);
+  EXPECT_EQ(stats().regions, 1u);
+  munmap(p, 2 * kPage);
+}
+
+TEST_F(CacheTest, OnlyFailuresThatLastUntilTheMemoryChangesAreRemembered) {
+  require_monitor();
+  struct Case {
+    mrc_status_t status;
+    bool remembered;
+  };
+  const Case cases[] = {{MRC_ERR_INVALID, true}, {MRC_ERR_UNSUPPORTED, true},
+                        {MRC_ERR_BACKEND, true}, {MRC_ERR_NO_MEMORY, false},
+                        {MRC_ERR_BUSY, false},   {MRC_ERR_IO, false}};
+  for (const Case &c : cases) {
+    char *p = map_pages(1);
+    backend.fail_status = c.status;
+    {
+      std::lock_guard lock(backend.mutex);
+      backend.failing_starts.insert(reinterpret_cast<uintptr_t>(p));
+    }
+    const uint64_t before = backend.failures;
+    mrc_region_t *region = nullptr;
+    EXPECT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), c.status);
+    EXPECT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), c.status);
+    EXPECT_EQ(backend.failures - before, c.remembered ? 1u : 2u) << mrc_status_string(c.status);
+    munmap(p, kPage);
+  }
+}
+
 TEST_F(CacheTest, FailedMergedRegistrationFallsBackToTheRequestAlone) {
   require_monitor();
   char *p = map_pages(4);
@@ -404,6 +507,49 @@ TEST_F(CacheTest, LimitByBytes) {
   for (char *m : maps) munmap(m, 4 * kPage);
 }
 
+TEST_F(CacheTest, ReleasingEveryRegionTrimsTheCacheBackToItsCountBound) {
+  require_monitor();
+  mrc_cache_params_t params = backend.params();
+  params.max_regions = 4;
+  ASSERT_EQ(create(params), MRC_OK);
+  std::vector<char *> maps;
+  std::vector<mrc_region_t *> held;
+  for (int i = 0; i < 6; ++i) {
+    maps.push_back(map_pages(2));
+    mrc_region_t *region = nullptr;
+    ASSERT_EQ(mrc_get(cache, maps.back(), kPage, MRC_PROT_READ, &region), MRC_OK);
+    held.push_back(region);
+  }
+  EXPECT_EQ(stats().regions, 6u) << "every region is in use: past the bound";
+  // Hot enough to be promoted: its puts must not park it (a parked reference looks like a use).
+  for (int i = 0; i < 32; ++i) key_of(maps[0], kPage, MRC_PROT_READ);
+  for (mrc_region_t *region : held) mrc_put(cache, region);
+  mrc_stats_t s = stats();
+  EXPECT_EQ(s.regions, 4u) << "unused regions left past the bound";
+  EXPECT_EQ(s.evictions, 2u);
+  EXPECT_EQ(backend.live_count(), 4u) << "the trimmed regions were not deregistered";
+  for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+TEST_F(CacheTest, ReleasingEveryRegionTrimsTheCacheBackToItsByteBound) {
+  require_monitor();
+  mrc_cache_params_t params = backend.params();
+  params.max_bytes = 8 * kPage;
+  ASSERT_EQ(create(params), MRC_OK);
+  std::vector<char *> maps;
+  std::vector<mrc_region_t *> held;
+  for (int i = 0; i < 4; ++i) {
+    maps.push_back(map_pages(4));
+    mrc_region_t *region = nullptr;
+    ASSERT_EQ(mrc_get(cache, maps.back(), 3 * kPage, MRC_PROT_READ, &region), MRC_OK);
+    held.push_back(region);
+  }
+  EXPECT_EQ(stats().registered_bytes, 12 * kPage) << "every region is in use: past the bound";
+  for (mrc_region_t *region : held) mrc_put(cache, region);
+  EXPECT_LE(stats().registered_bytes, 8 * kPage) << "unused regions left past the bound";
+  for (char *m : maps) munmap(m, 4 * kPage);
+}
+
 TEST_F(CacheTest, RecentlyUsedRegionsSurviveEviction) {
   require_monitor();
   mrc_cache_params_t params = backend.params();
@@ -452,16 +598,29 @@ TEST_F(CacheTest, StatisticsAfterUnmap) {
   char *p = map_pages(4);
   key_of(p, 4 * kPage);
   munmap(p, 4 * kPage);
-  mrc_stats_t s = stats();  // events are applied lazily, at the next slow path
   char *q = map_pages(1);
   key_of(q, kPage);
-  s = stats();
+  mrc_stats_t s = stats();
   EXPECT_GE(s.unmap_events, 1u);
   EXPECT_EQ(s.invalidations, 1u);
   EXPECT_EQ(s.regions, 1u);
   EXPECT_EQ(s.registered_bytes, kPage);
   EXPECT_EQ(s.deregistrations, 1u);
   munmap(q, kPage);
+}
+
+TEST_F(CacheTest, StatisticsCountAnUnmapBeforeTheNextGet) {
+  require_monitor();
+  char *p = map_pages(4);
+  key_of(p, 4 * kPage);
+  ASSERT_EQ(munmap(p, 4 * kPage), 0);
+  const mrc_stats_t s = stats();  // no get since the unmap
+  EXPECT_GE(s.unmap_events, 1u);
+  EXPECT_EQ(s.invalidations, 1u);
+  EXPECT_EQ(s.regions, 0u);
+  EXPECT_EQ(s.registered_bytes, 0u);
+  EXPECT_EQ(s.deregistrations, 1u);
+  EXPECT_EQ(backend.live_count(), 0u);
 }
 
 TEST_F(CacheTest, StatisticsAsJson) {

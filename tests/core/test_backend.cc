@@ -27,7 +27,7 @@ mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned pr
     std::lock_guard lock(self->mutex);
     if (self->fail_all || self->failing_starts.count(reinterpret_cast<uintptr_t>(addr)) != 0) {
       self->failures++;
-      return MRC_ERR_BACKEND;
+      return self->fail_status.load();
     }
   }
   auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,

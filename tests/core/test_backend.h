@@ -29,6 +29,8 @@ class CountingBackend {
 
   std::atomic<uint64_t> regs{0}, deregs{0}, failures{0};
   std::atomic<bool> fail_all{false};
+  // What a failing registration returns.
+  std::atomic<mrc_status_t> fail_status{MRC_ERR_BACKEND};
   // Called at registration with the start address; its result is recorded in the handle.
   std::atomic<uint64_t (*)(uintptr_t)> stamp_source{nullptr};
   // Ranges that fail to register (exact match of start).
