@@ -13,7 +13,8 @@
 # differ in one place only — a path component "ours" <-> "ucx" (PgtLookup/ours/dense/1000 <->
 # PgtLookup/ucx/dense/1000), or the first component BM_<Family><Workload> <->
 # BM_Ucx<UcxFamily><Workload> with Cache <-> Rcache, Pgt <-> Pgtable, Monitor <-> Ucm, X <-> X
-# (BM_CacheHit/shared:0/real_time/threads:2 <-> BM_UcxRcacheHit/shared:0/real_time/threads:2).
+# (BM_CacheHit/shared:0/real_time/threads:2 <-> BM_UcxRcacheHit/shared:0/real_time/threads:2),
+# a cache mode component of ours (exact, fast) being absent in UCX's name.
 # A new benchmark file gets compared with UCX by following one of these two forms.
 #
 # usage: scripts/bench.sh [-B BUILD_DIR] [--no-setup] [-j N] [-o DIR] [--filter REGEX]

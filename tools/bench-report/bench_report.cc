@@ -11,9 +11,12 @@
 //   - the first component "BM_<Family><Work>" <-> "BM_Ucx<UcxFamily><Work>", where the families
 //     are Cache <-> Rcache, Pgt <-> Pgtable, Monitor <-> Ucm, and any X <-> X:
 //     BM_CacheHit/shared:0/real_time/threads:2 <-> BM_UcxRcacheHit/shared:0/real_time/threads:2
+//   - and in either form, a cache mode component of ours ("exact" or "fast") is absent in UCX's
+//     name (UCX has one mode): BM_CacheHit/exact/shared:0/... <-> BM_UcxRcacheHit/shared:0/...
 // With --benchmark_repetitions, the median of the repetitions is used.
 // Plots: lookup latency versus regions from PgtLookup/<impl>/<layout>/<regions>; hit throughput
-// versus threads from BM_CacheHit and BM_UcxRcacheHit (items_per_second).
+// versus threads from BM_CacheHit[/<mode>] and BM_UcxRcacheHit (items_per_second).
+// Goals: the exact mode's, from the hits, BM_SyscallGetpid and BM_UffdProbe (see goals()).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -32,7 +35,8 @@ using nlohmann::json;
 
 struct Figure {
   std::string name;
-  double ns = NAN;  // real time per iteration
+  double ns = NAN;      // real time per iteration
+  double cpu_ns = NAN;  // CPU time per iteration, every thread's summed
   double items_per_second = NAN;
   int threads = 1;
   std::string label;
@@ -88,6 +92,8 @@ std::map<std::string, Figure> load(const json &doc) {
     if (b.contains("real_time")) {
       f.ns = to_ns(b["real_time"].get<double>(), b.value("time_unit", "ns"));
     }
+    if (b.contains("cpu_time"))
+      f.cpu_ns = to_ns(b["cpu_time"].get<double>(), b.value("time_unit", "ns"));
     if (b.contains("items_per_second")) f.items_per_second = b["items_per_second"].get<double>();
     for (auto it = b.begin(); it != b.end(); ++it) {
       if (!standard_key(it.key()) && it->is_number()) f.counters[it.key()] = it->get<double>();
@@ -112,10 +118,15 @@ std::string join(const std::vector<std::string> &parts) {
   return out;
 }
 
+bool is_mode(const std::string &part) { return part == "exact" || part == "fast"; }
+
 // The names a UCX twin of `ours` may have (see the convention at the top).
 std::vector<std::string> twin_candidates(const std::string &ours) {
   std::vector<std::string> out;
-  std::vector<std::string> parts = split(ours);
+  std::vector<std::string> parts;
+  for (std::string &part : split(ours)) {
+    if (!is_mode(part)) parts.push_back(std::move(part));
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i] == "ours") {
       std::vector<std::string> twin = parts;
@@ -195,6 +206,96 @@ double throughput(const Figure &f) {
   return 1e9 / f.ns * f.threads;
 }
 
+// The exact mode's goals, each from figures of one run (the probe is a syscall, so it is judged
+// against the cheapest syscall measured beside it, not against a figure from another day).
+// Hits of a region per thread (shared:0); a goal whose figures are missing is left out.
+std::string goals(const std::map<std::string, Figure> &figures) {
+  auto find = [&figures](const std::string &name) -> const Figure * {
+    const auto it = figures.find(name);
+    return it != figures.end() && it->second.error.empty() ? &it->second : nullptr;
+  };
+  auto threads = [](int n) { return "/real_time/threads:" + std::to_string(n); };
+  const Figure *exact[3] = {}, *fast[3] = {}, *ucx[3] = {}, *getpid[3] = {}, *probe[3] = {},
+               *own_probe[3] = {};
+  for (int n = 1; n <= 2; ++n) {
+    exact[n] = find("BM_CacheHit/exact/shared:0" + threads(n));
+    fast[n] = find("BM_CacheHit/fast/shared:0" + threads(n));
+    ucx[n] = find("BM_UcxRcacheHit/shared:0" + threads(n));
+    getpid[n] = find("BM_SyscallGetpid" + threads(n));
+    probe[n] = find("BM_UffdProbe/monitor_fd" + threads(n));
+    own_probe[n] = find("BM_UffdProbe/own_fd" + threads(n));
+  }
+  std::ostringstream md;
+  auto row = [&md](const std::string &goal, const std::string &from, double value,
+                   const std::string &value_text, double bound, bool at_most) {
+    const char *met = std::isnan(bound)                             ? "-"
+                      : (at_most ? value <= bound : value >= bound) ? "yes"
+                                                                    : "NO";
+    md << "| " << goal << " | " << from << " | " << value_text << " | " << met << " |\n";
+  };
+  auto fixed = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+    return std::string(buf);
+  };
+  // 2 threads over 1: 2.00 is perfect scaling on two free CPUs. On a shared machine the run may
+  // not get them: CPU time over wall time says how many it had, and CPU time per operation at 2
+  // threads over 1 what the threads cost each other (1.00: nothing), whatever the CPUs were.
+  auto scaling = [](const Figure *const f[3]) { return throughput(*f[2]) / throughput(*f[1]); };
+  auto cpus = [&fixed](const Figure *const f[3]) {
+    return " (CPUs had: " + fixed(f[2]->cpu_ns / f[2]->ns) +
+           "; CPU per op, 2 threads / 1: " + fixed(f[2]->cpu_ns / f[1]->cpu_ns) + ")";
+  };
+  if (exact[1] && ucx[1] && getpid[1]) {
+    const double bound = ucx[1]->ns + 2 * getpid[1]->ns;
+    row("exact hit <= UCX hit + 2 x getpid",
+        "exact " + time_text(exact[1]->ns) + ", UCX " + time_text(ucx[1]->ns) + ", getpid " +
+            time_text(getpid[1]->ns),
+        exact[1]->ns, time_text(exact[1]->ns) + " vs " + time_text(bound), bound, true);
+  }
+  if (fast[1] && ucx[1]) {
+    row("fast hit / UCX hit <= 1/3",
+        "fast " + time_text(fast[1]->ns) + ", UCX " + time_text(ucx[1]->ns),
+        fast[1]->ns / ucx[1]->ns, fixed(fast[1]->ns / ucx[1]->ns), 1.0 / 3, true);
+  }
+  if (exact[1] && exact[2]) {
+    row("exact hits/s, 2 threads / 1 thread >= 1.6",
+        number_text(throughput(*exact[2])) + " vs " + number_text(throughput(*exact[1])) +
+            " ops/s" + cpus(exact),
+        scaling(exact), fixed(scaling(exact)), 1.6, false);
+  }
+  if (probe[1] && getpid[1]) {
+    row("probe / getpid (the probe's syscall against the floor)",
+        "probe " + time_text(probe[1]->ns) + ", getpid " + time_text(getpid[1]->ns),
+        probe[1]->ns / getpid[1]->ns, fixed(probe[1]->ns / getpid[1]->ns), NAN, true);
+  }
+  if (exact[1] && fast[1] && getpid[1]) {
+    const double extra = exact[1]->ns - fast[1]->ns;
+    row("exact hit - fast hit, in getpids (the probe inside a get)",
+        "exact " + time_text(exact[1]->ns) + ", fast " + time_text(fast[1]->ns),
+        extra / getpid[1]->ns, fixed(extra / getpid[1]->ns), NAN, true);
+  }
+  // One struct file shared by both threads (fdget's reference count) against a descriptor per
+  // thread and against getpid, which shares nothing.
+  for (const auto &[what, f] :
+       {std::pair{"probe, monitor's fd", probe}, std::pair{"probe, a fd per thread", own_probe},
+        std::pair{"getpid", getpid}}) {
+    if (f[1] && f[2]) {
+      row(std::string(what) + ": ops/s, 2 threads / 1 thread",
+          number_text(throughput(*f[2])) + " vs " + number_text(throughput(*f[1])) + " ops/s" +
+              cpus(f),
+          scaling(f), fixed(scaling(f)), NAN, true);
+    }
+  }
+  if (md.tellp() == 0) return "";
+  return "### Exact mode: goals, from this run\n\n"
+         "Hits of a region per thread. Exact mode probes the kernel once per get; fast mode\n"
+         "(MRC_FLAG_ORDERED_UNMAPS) does not. getpid is a raw syscall, the floor of any probe.\n"
+         "Times are wall-clock; a run that did not get its CPUs shows it in \"CPUs had\".\n\n"
+         "| goal | figures | value | met |\n|---|---|---:|---|\n" +
+         md.str() + "\n";
+}
+
 std::string markdown(const json &doc, const std::map<std::string, Figure> &figures) {
   std::ostringstream md;
   const json context = doc.value("context", json::object());
@@ -252,6 +353,8 @@ std::string markdown(const json &doc, const std::map<std::string, Figure> &figur
     }
     md << "\n";
   }
+
+  md << goals(figures);
 
   md << "### Every figure\n\n| benchmark | time/op | ops/s | counters | label |\n"
      << "|---|---:|---:|---|---|\n";
@@ -317,7 +420,8 @@ int main(int argc, char **argv) {
     // One file per implementation, the series in the same order in both (the plot gives a
     // layout the same colour in each, solid for mrcache, dashed for UCX).
     static const std::regex kLookup(R"(PgtLookup/(ours|ucx)/(\w+)/(\d+))");
-    static const std::regex kHit(R"(BM_(Cache|UcxRcache)Hit/shared:(\d)/.*threads:(\d+))");
+    static const std::regex kHit(
+        R"(BM_(Cache|UcxRcache)Hit/(?:(exact|fast)/)?shared:(\d)/.*threads:(\d+))");
     using Series = std::map<std::string, std::map<double, double>>;
     Series lookup[2], hits[2];  // [0] mrcache, [1] UCX
     for (const auto &[name, f] : figures) {
@@ -328,9 +432,10 @@ int main(int argc, char **argv) {
             f.ns;
       } else if (std::regex_match(name, m, kHit) && f.error.empty()) {
         const int impl = m[1] == "Cache" ? 0 : 1;
-        hits[impl][std::string(impl == 0 ? "mrcache" : "UCX") +
-                   (m[2] == "1" ? ", one shared region" : ", a region per thread")]
-            [std::stod(m[3])] = throughput(f) / 1e6;
+        const std::string mode = m[2].matched ? " " + m[2].str() : "";
+        hits[impl][std::string(impl == 0 ? "mrcache" : "UCX") + mode +
+                   (m[3] == "1" ? ", one shared region" : ", a region per thread")]
+            [std::stod(m[4])] = throughput(f) / 1e6;
       }
     }
     const char *const kImpl[] = {"mrcache", "ucx"};
