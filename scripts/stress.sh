@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: set-up, build mrcache-stress, and run it for 30 seconds with its defaults.
-# mrcache-stress exits non-zero on any stale registration, leak or error; so does this script.
+# The main job: set-up, build mrcache-stress, and run it for 30 seconds with its defaults: exact
+# mode, where a stale registration counts also in the unmap window (--fast: fast mode, which
+# reports in-window hits without counting them). mrcache-stress exits non-zero on any stale
+# registration, leak or error; so does this script.
 #
 # usage: scripts/stress.sh [-B BUILD_DIR] [--no-setup] [-j N] [STRESS_ARGS...] [-- CMAKE_ARGS...]
 #   STRESS_ARGS   passed to mrcache-stress after --duration 30 (a later --duration wins)

@@ -1,6 +1,7 @@
-// mrcache-stress and mrcache-info as a user runs them: short runs that must pass, a run with
-// injected failures that must end cleanly, and a deliberately blind monitor that the oracle must
-// catch (the proof that the oracle can fail).
+// mrcache-stress and mrcache-info as a user runs them: short runs that must pass (in exact mode,
+// the default, and in fast mode), a run with injected failures that must end cleanly, and a
+// deliberately blind monitor that the oracle must catch in either mode (the proof that the oracle
+// can fail).
 #include <unistd.h>
 
 #include <string>
@@ -30,7 +31,8 @@ TEST(StressTool, HelpExplainsTheToolAndItsOptions) {
   const auto result = run(kStress + " --help");
   EXPECT_EQ(result.status, 0) << result.output;
   for (const char *text : {"Usage:", "--duration", "--threads", "--backend", "--fail-rate",
-                           "--json", "--seed", "oracle", "Exit status", "Examples"}) {
+                           "--json", "--seed", "oracle", "Exit status", "Examples", "--fast",
+                           "--exact", "--churn", "--strict-unmap-window"}) {
     EXPECT_NE(result.output.find(text), std::string::npos) << "--help lacks " << text;
   }
 }
@@ -40,6 +42,8 @@ TEST(StressTool, BadOptionsAreUsageErrors) {
   EXPECT_EQ(run(kStress + " --backend nosuch").status, 2);
   EXPECT_EQ(run(kStress + " --mix nosuch=1").status, 2);
   EXPECT_EQ(run(kStress + " --oracle iouring --backend null").status, 2);
+  EXPECT_EQ(run(kStress + " --fast --exact").status, 2);
+  EXPECT_EQ(run(kStress + " --churn 17").status, 2);
   EXPECT_EQ(run("MRC_MAX_BYTES=12q " + kStress + " -d 1").status, 2);
 }
 
@@ -58,13 +62,61 @@ TEST(StressTool, FiveSecondsWithTheDefaultsPass) {
   EXPECT_GT(summary["checked_regions"].get<uint64_t>(), 0u) << "the oracle checked nothing";
   EXPECT_EQ(summary["backend"], "iouring");
   EXPECT_EQ(summary["oracle"], "iouring");
-  for (const char *key : {"seed", "monitor_mode", "duration_s", "hits", "misses", "invalidations",
-                          "injected_failures", "mutations", "figures", "cache_stats"}) {
+  EXPECT_EQ(summary["mode"], "exact");
+  EXPECT_GT(summary["churned_mappings"].get<uint64_t>(), 0u) << "the churn threads did nothing";
+  for (const char *key :
+       {"seed", "monitor_mode", "duration_s", "hits", "misses", "invalidations",
+        "injected_failures", "mutations", "figures", "cache_stats", "stale_unmap_in_flight"}) {
     EXPECT_TRUE(summary.contains(key)) << "the JSON summary lacks " << key;
   }
   EXPECT_NE(result.output.find("PASSED"), std::string::npos);
   EXPECT_NE(result.output.find("seed"), std::string::npos);
   unlink(json_path.c_str());
+}
+
+// Both modes, briefly, with twice the default churn threads (the window shows more often). Exact
+// mode counts a stale hit in the unmap window like any other, so it passes only with none; its
+// gets waited for unmaps in flight. Fast mode never probes, and the in-window hits it may show
+// are reported but not counted: it passes too.
+TEST(StressTool, ExactAndFastModesPassBriefly) {
+  const bool cached = !monitor_uncached();
+  const std::string exact_path = temp_path("exact.json");
+  auto result = run(kStress + " -d 5 -q --churn 4 --json " + exact_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  auto summary = read_json(exact_path);
+  ASSERT_TRUE(summary.is_object()) << result.output;
+  EXPECT_EQ(summary["mode"], "exact");
+  EXPECT_NE(result.output.find("exact mode"), std::string::npos) << result.output;
+  EXPECT_EQ(summary["stale"].get<uint64_t>(), 0u) << summary["stale_reports"].dump();
+  EXPECT_EQ(summary["stale_unmap_in_flight"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(summary["stale_unmap_in_flight_counted"].get<bool>());
+  EXPECT_EQ(summary["errors"].get<uint64_t>(), 0u) << summary["error_samples"].dump();
+  EXPECT_GT(summary["churned_mappings"].get<uint64_t>(), 0u);
+  if (cached) {
+    EXPECT_GT(summary["unmap_waits"].get<uint64_t>(), 0u)
+        << "no get found another thread's unmap in flight: the churn threads miss the window";
+  }
+  unlink(exact_path.c_str());
+
+  const std::string fast_path = temp_path("fast.json");
+  result = run(kStress + " -d 5 -q --churn 4 --fast --json " + fast_path);
+  EXPECT_EQ(result.status, 0) << result.output;
+  summary = read_json(fast_path);
+  ASSERT_TRUE(summary.is_object()) << result.output;
+  EXPECT_EQ(summary["mode"], "fast");
+  EXPECT_NE(result.output.find("fast mode"), std::string::npos) << result.output;
+  EXPECT_TRUE(summary["passed"].get<bool>());
+  EXPECT_EQ(summary["stale"].get<uint64_t>(), 0u) << summary["stale_reports"].dump();
+  EXPECT_FALSE(summary["stale_unmap_in_flight_counted"].get<bool>());
+  EXPECT_EQ(summary["errors"].get<uint64_t>(), 0u) << summary["error_samples"].dump();
+  EXPECT_EQ(summary["unmap_waits"].get<uint64_t>(), 0u) << "fast mode probed for unmaps";
+  const auto in_window = summary["stale_unmap_in_flight"].get<uint64_t>();
+  RecordProperty("fast_in_window_hits", std::to_string(in_window));
+  if (in_window != 0) {
+    EXPECT_FALSE(summary["in_window_reports"].empty());
+    EXPECT_NE(result.output.find("not counted: fast mode"), std::string::npos) << result.output;
+  }
+  unlink(fast_path.c_str());
 }
 
 // Injected backend failures are counted, expected, and leave nothing behind.
@@ -98,25 +150,31 @@ TEST(StressTool, NullBackendWithInjectedFailures) {
 
 // The proof that the oracle can fail: with the monitor's test-only switch, events are read but
 // never published, so the cache keeps handing out registrations of memory that is gone. The
-// oracle must say so within seconds, and the run must fail.
+// oracle must say so within seconds, and the run must fail; in fast mode too, whose tolerance
+// of the unmap window must not hide stale hits outside it.
 TEST(StressTool, OracleCatchesABlindMonitorWithinSeconds) {
   if (monitor_uncached()) {
     GTEST_SKIP() << "no userfaultfd here: nothing is cached, so a blind monitor cannot make "
                     "anything stale";
   }
-  const std::string json_path = temp_path("blind.json");
-  const auto result = run("MRC_TEST_DROP_EVENTS=1 " + kStress + " -d 30 -q --json " + json_path);
-  EXPECT_EQ(result.status, 1) << result.output;
-  EXPECT_NE(result.output.find("STALE"), std::string::npos) << result.output;
-  const auto summary = read_json(json_path);
-  ASSERT_TRUE(summary.is_object()) << result.output;
-  EXPECT_GT(summary["stale"].get<uint64_t>(), 0u);
-  EXPECT_FALSE(summary["passed"].get<bool>());
-  EXPECT_LT(summary["duration_s"].get<double>(), 10.0) << "caught, but not within seconds";
-  ASSERT_FALSE(summary["stale_reports"].empty());
-  const std::string report = summary["stale_reports"][0].get<std::string>();
-  EXPECT_NE(report.find("seed"), std::string::npos) << report;
-  unlink(json_path.c_str());
+  for (const std::string mode : {"exact", "fast"}) {
+    SCOPED_TRACE(mode + " mode");
+    const std::string json_path = temp_path("blind-" + mode + ".json");
+    const auto result =
+        run("MRC_TEST_DROP_EVENTS=1 " + kStress + " --" + mode + " -d 30 -q --json " + json_path);
+    EXPECT_EQ(result.status, 1) << result.output;
+    EXPECT_NE(result.output.find("STALE"), std::string::npos) << result.output;
+    const auto summary = read_json(json_path);
+    ASSERT_TRUE(summary.is_object()) << result.output;
+    EXPECT_EQ(summary["mode"], mode);
+    EXPECT_GT(summary["stale"].get<uint64_t>(), 0u);
+    EXPECT_FALSE(summary["passed"].get<bool>());
+    EXPECT_LT(summary["duration_s"].get<double>(), 10.0) << "caught, but not within seconds";
+    ASSERT_FALSE(summary["stale_reports"].empty());
+    const std::string report = summary["stale_reports"][0].get<std::string>();
+    EXPECT_NE(report.find("seed"), std::string::npos) << report;
+    unlink(json_path.c_str());
+  }
 }
 
 // Without a terminal, progress comes as plain lines, not carriage returns.

@@ -24,8 +24,10 @@ constexpr const char *kDescription =
     "Worker threads get and put random ranges (a page to --max-size) of a pool of mappings\n"
     "while mutator threads munmap+mmap, mremap (move, shrink, grow), madvise (DONTNEED, FREE),\n"
     "MAP_FIXED-replace those mappings and now and then fork (the child runs a cache of its\n"
-    "own, with brk mutations, and exits with a status the parent checks). Every region the\n"
-    "cache hands out is checked by an oracle before use:\n"
+    "own, with brk mutations, and exits with a status the parent checks), and churn threads\n"
+    "map, use and unmap fresh mappings of their own, so that the kernel hands the address one\n"
+    "of them is still unmapping to another's mmap. Every region the cache hands out is checked\n"
+    "by an oracle before use:\n"
     "  iouring  a fresh stamp is written into the memory and IORING_OP_WRITE_FIXED through the\n"
     "           region's buffer index must write exactly that stamp into a file (a stale\n"
     "           registration pins the old pages and writes old bytes);\n"
@@ -36,6 +38,12 @@ constexpr const char *kDescription =
     "At the end every registration must be deregistered, and pinned/locked memory, open files\n"
     "and threads must be back to where they started.\n"
     "\n"
+    "Modes: exact (the default) runs the caches as mrcache ships them, and a stale hit counts\n"
+    "whenever it happened, also while another thread's unmap of the address was in flight\n"
+    "(such hits are reported as in-window too). --fast runs them with MRC_FLAG_ORDERED_UNMAPS,\n"
+    "which promises exactness only for unmaps that happen-before the get: in-window hits are\n"
+    "then reported and not counted (--strict-unmap-window counts them).\n"
+    "\n"
     "Exit status: 0 = no stale use, no leak, no error (failures injected by --fail-rate are\n"
     "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up.\n";
 
@@ -44,11 +52,12 @@ constexpr const char *kFooter =
     "  mrcache-stress                          30 s with the defaults (io_uring oracle)\n"
     "  mrcache-stress -d 10m --json run.json   ten minutes, summary written as JSON\n"
     "  mrcache-stress --fail-rate 0.1          10% of registrations fail: counted, not fatal\n"
+    "  mrcache-stress --fast -d 20             fast mode: how often its window shows here\n"
     "  mrcache-stress --backend null           PFN oracle (needs root for /proc/self/pagemap)\n"
     "  mrcache-stress --seed 42 -t 1 -m 1      replay a seed (one worker, one mutator: the\n"
     "                                          closest to a repeatable schedule)\n"
     "\nThe cache also reads its MRC_* environment variables (see mrcache-info); the options\n"
-    "--max-regions, --max-bytes and --max-unreleased override them.\n";
+    "--max-regions, --max-bytes, --max-unreleased, --fast and --exact override them.\n";
 
 }  // namespace
 
@@ -127,6 +136,17 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_option("-m,--mutators", o->mutators, "Mutator threads (munmap, mremap, madvise, ...)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 64u));
+  app.add_option("--churn", o->churn,
+                 "Churn threads: each maps a fresh mapping of --churn-size, gets, checks and puts "
+                 "it, and unmaps it, over and over (the unmap window: another thread's mmap "
+                 "gets the address while the unmap is in flight)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 16u));
+  app.add_option("--churn-size", o->churn_size,
+                 "Length of each churn mapping (one length for all: the kernel reuses a freed "
+                 "range exactly)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("-d,--duration", o->duration_s, "How long to run: 30, 30s, 10m, 1h")
       ->capture_default_str()
       ->transform(CLI::AsNumberWithUnit(time_units, CLI::AsNumberWithUnit::CASE_SENSITIVE))
@@ -204,11 +224,20 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
                "Do not stop at the first stale registration (report up to 10)");
+  bool fast = false, exact = false;
+  auto *fast_option =
+      app.add_flag("--fast,--ordered-unmaps", fast,
+                   "Fast mode: every cache gets MRC_FLAG_ORDERED_UNMAPS (no unmap probe per get; "
+                   "exact only for unmaps that happen-before the get). In-window stale hits are "
+                   "reported, not counted");
+  auto *exact_option = app.add_flag("--exact", exact,
+                                    "Exact mode (the default) even when MRC_ORDERED_UNMAPS=1 is "
+                                    "set: every stale hit counts, in the unmap window too");
+  fast_option->excludes(exact_option);
   app.add_flag("--strict-unmap-window", o->strict_unmap_window,
-               "Fail also on stale hits on addresses that another thread was still unmapping when "
-               "the get began (by default they are counted and reported, not failed: the kernel "
-               "frees addresses before userfaultfd reports the unmap, and mrcache's contract "
-               "starts when munmap returns)");
+               "Fast mode: count in-window stale hits (on addresses another thread was still "
+               "unmapping when the get began) as stale too, which fails the run whenever the "
+               "window shows. Exact mode always counts them");
   app.add_flag("--verify-mappings", o->verify_mappings,
                "After every mutation, check in /proc/self/maps that the harness's idea of the "
                "mapping is right (debugging the harness; slow)");
@@ -238,11 +267,17 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
               : oracle == "rdma"  ? OracleKind::kRdma
               : oracle == "none"  ? OracleKind::kNone
                                   : OracleKind::kAuto;
+  if (fast_option->count() != 0) o->fast = fast;
+  if (exact_option->count() != 0) o->fast = !exact;
   o->seed_given = seed_option->count() != 0;
   o->max_size_given = max_size_option->count() != 0;
   if (max_regions_option->count() != 0) o->max_regions = max_regions;
   if (max_bytes_option->count() != 0) o->max_bytes = max_bytes;
   if (max_unreleased_option->count() != 0) o->max_unreleased = max_unreleased;
+  if (o->churn != 0 && o->churn_size == 0) {
+    std::fprintf(stderr, "mrcache-stress: --churn-size must be positive\n");
+    return 2;
+  }
   if (o->min_size == 0 || (o->max_size_given && o->max_size < o->min_size)) {
     std::fprintf(stderr, "mrcache-stress: need 0 < --min-size <= --max-size\n");
     return 2;

@@ -34,6 +34,10 @@ const char *oracle_name(OracleKind oracle);
 struct Options {
   unsigned threads = 4;
   unsigned mutators = 2;
+  // Threads that each map a fresh mapping, get/check/put it and unmap it, over and over: the
+  // kernel hands one's freed address to another's mmap while the unmap is still in flight.
+  unsigned churn = 2;
+  uint64_t churn_size = 64u << 10;
   double duration_s = 30;
   Backend backend = Backend::kIouring;
   OracleKind oracle = OracleKind::kAuto;
@@ -59,8 +63,11 @@ struct Options {
   bool quiet = false;
   bool keep_going = false;
   bool verify_mappings = false;
-  bool strict_unmap_window = false;
-  double progress_interval_s = 0;  // 0 = 0.5 s on a terminal, 10 s otherwise
+  // Fast mode (MRC_FLAG_ORDERED_UNMAPS) on every cache the run creates; nullopt: as the
+  // environment says (MRC_ORDERED_UNMAPS), which by default is exact mode.
+  std::optional<bool> fast;
+  bool strict_unmap_window = false;  // fast mode: count in-window hits as stale too
+  double progress_interval_s = 0;    // 0 = 0.5 s on a terminal, 10 s otherwise
   std::string rdma_device;
   int gid_index = 0;
 };

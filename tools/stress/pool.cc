@@ -30,22 +30,24 @@ std::string describe(const Mutation &m) {
 Pool::Pool(const PoolConfig &config, uint64_t seed, uint64_t start_ns)
     : config_(config),
       count_(config.slots),
-      slots_(new Slot[config.slots]),
+      private_count_(config.private_slots),
+      slots_(new Slot[config.slots + config.private_slots]),
       start_ns_(start_ns),
       log_(kLogSize) {
   Rng rng(seed);
-  for (size_t i = 0; i < count_; ++i) {
+  for (size_t i = 0; i < count_ + private_count_; ++i) {
     Slot &slot = slots_[i];
     slot.index = static_cast<int>(i);
     slot.shared = rng.chance(config_.shared_fraction);
-    slot.len = random_len(rng);
+    if (i >= count_) slot.fixed_len = page_up(config_.private_len);
+    slot.len = slot.fixed_len != 0 ? slot.fixed_len : random_len(rng);
     slot.start = map(slot.len, slot.shared, 0);
     if (slot.start == 0) slot.len = 0;
   }
 }
 
 Pool::~Pool() {
-  for (size_t i = 0; i < count_; ++i) {
+  for (size_t i = 0; i < count_ + private_count_; ++i) {
     if (slots_[i].start != 0) munmap(reinterpret_cast<void *>(slots_[i].start), slots_[i].len);
   }
 }
@@ -183,7 +185,7 @@ Mutation Pool::mutate(Slot &slot, MutationKind kind, Rng &rng) {
     const int saved = errno;
     if (slot.start != 0) munmap(old_addr, slot.len);
     const bool shared = rng.chance(config_.shared_fraction);
-    const size_t len = random_len(rng);
+    const size_t len = slot.fixed_len != 0 ? slot.fixed_len : random_len(rng);
     const uintptr_t start = map(len, shared, 0);
     slot.start = start;
     slot.len = start != 0 ? len : 0;

@@ -50,6 +50,7 @@ struct Slot {
   uintptr_t start = 0;  // 0 when the slot has no mapping (an mmap failed)
   size_t len = 0;
   bool shared = false;
+  size_t fixed_len = 0;  // a private (churn) slot's one length; 0: random lengths
   std::atomic<uint64_t> generation{0};
   Mutation history[kHistory];
   uint64_t history_total = 0;
@@ -63,6 +64,10 @@ struct PoolConfig {
   // For oracles that cannot see through copy-on-write or THP collapse (pfn): every mapping
   // gets MADV_NOHUGEPAGE and MADV_DONTFORK.
   bool stable_frames = false;
+  // Slots beyond `slots`, one per churn thread, each always mapped with private_len bytes.
+  // They share the mutation log, so in_flight() sees their unmaps from any slot.
+  unsigned private_slots = 0;
+  uint64_t private_len = 0;
 };
 
 class Pool {
@@ -72,8 +77,9 @@ class Pool {
   Pool(const Pool &) = delete;
   Pool &operator=(const Pool &) = delete;
 
-  size_t size() const { return count_; }
+  size_t size() const { return count_; }  // the shared slots: workers and mutators pick these
   Slot &slot(size_t index) { return slots_[index]; }
+  Slot &private_slot(size_t index) { return slots_[count_ + index]; }
 
   // Changes the slot's mapping; returns what was done (kind may differ from the one asked for
   // when it does not apply, e.g. grow of a shared mapping becomes remap).
@@ -105,7 +111,8 @@ class Pool {
 
   PoolConfig config_;
   size_t count_;
-  std::unique_ptr<Slot[]> slots_;
+  size_t private_count_;
+  std::unique_ptr<Slot[]> slots_;  // count_ shared, then private_count_ private
   uint64_t start_ns_;
 
   static constexpr size_t kLogSize = 4096;

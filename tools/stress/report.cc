@@ -81,6 +81,7 @@ Totals sum(const std::vector<ThreadCounters *> &counters) {
     t.invalidates += get(c->invalidates);
     t.nested += get(c->nested);
     t.hot += get(c->hot);
+    t.churned += get(c->churned);
     t.fork_failures += get(c->fork_failures);
     for (int i = 0; i < kMutationKinds; ++i) {
       t.mutations[i] += get(c->mutations[i]);
@@ -89,6 +90,12 @@ Totals sum(const std::vector<ThreadCounters *> &counters) {
     for (int i = 0; i < kLatencyBuckets; ++i) t.latency[i] += get(c->latency[i]);
   }
   return t;
+}
+
+uint64_t cache_json_counter(const std::string &cache_json, const char *key) {
+  const nlohmann::json j = nlohmann::json::parse(cache_json, nullptr, false);
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) return 0;
+  return j[key].get<uint64_t>();
 }
 
 // ---- Output --------------------------------------------------------------------------------
@@ -167,12 +174,15 @@ std::string summary_table(const Summary &s) {
   }
   out << '\n';
   row("seed", std::to_string(s.seed) + "  (replay: --seed " + std::to_string(s.seed) + ")");
+  row("mode", s.fast ? "fast (MRC_FLAG_ORDERED_UNMAPS: exact only for unmaps that happen-before "
+                       "the get)"
+                     : "exact (every get probes for unmaps in flight)");
   row("backend / oracle", s.backend + " / " + s.oracle);
   row("monitor", s.monitor_mode + (s.monitor_reason.empty() ? "" : "  (" + s.monitor_reason + ")"));
   row("duration", format_duration(s.duration_s) + (s.stopped_early ? "  (stopped early)" : ""));
   row("threads", std::to_string(s.threads) + " workers, " + std::to_string(s.mutators) +
-                     " mutators, sizes " + format_size(s.min_size) + " .. " +
-                     format_size(s.max_size));
+                     " mutators, " + std::to_string(s.churn) + " churn, sizes " +
+                     format_size(s.min_size) + " .. " + format_size(s.max_size));
   const double rate = s.duration_s > 0 ? static_cast<double>(t.ops) / s.duration_s : 0;
   row("operations", n(t.ops) + "  (" + format_count(rate) + "/s; " + n(t.nested) +
                         " holding several regions, " + n(t.hot) + " hot ranges)");
@@ -205,6 +215,11 @@ std::string summary_table(const Summary &s) {
     }
   }
   row("mutations", n(t.mutations_total()) + (mutations.empty() ? "" : "  (" + mutations + ")"));
+  if (s.churn != 0) {
+    row("churn", n(t.churned) + " fresh mappings of " + format_size(s.churn_size) +
+                     " mapped, used and unmapped; " + n(s.unmap_waits) +
+                     " gets waited for an unmap in flight");
+  }
   if (!refused.empty()) row("refused by the kernel", refused);
   row("forks", n(s.forks) + " (" + n(t.fork_failures) + " children failed)");
   row("injected failures",
@@ -212,10 +227,16 @@ std::string summary_table(const Summary &s) {
   if (s.log_warnings + s.log_errors != 0) {
     row("library log", n(s.log_errors) + " errors, " + n(s.log_warnings) + " warnings");
   }
-  row("stale", n(t.stale) + (t.stale_window != 0 ? "  (" + n(t.stale_window) +
-                                                       " while another thread's unmap of the "
-                                                       "address was in flight)"
-                                                 : ""));
+  std::string window;
+  if (t.stale_window != 0 && s.window_counted) {
+    window = "  (" + n(t.stale_window) +
+             " of them while another thread's unmap of the address was in flight)";
+  } else if (t.stale_window != 0) {
+    window = "  (besides, " + n(t.stale_window) +
+             " in-window hits: another thread's unmap of the address was in flight; fast mode "
+             "does not promise those, not counted)";
+  }
+  row("stale", n(t.stale) + window);
   row("errors", n(t.errors));
   row("leaks", s.leaks.empty() ? "none" : std::to_string(s.leaks.size()));
   for (const std::string &leak : s.leaks) out << "    " << leak << '\n';
@@ -240,6 +261,7 @@ std::string summary_json(const Summary &s) {
       {"version", s.version},
       {"passed", s.passed()},
       {"seed", s.seed},
+      {"mode", s.fast ? "fast" : "exact"},
       {"backend", s.backend},
       {"oracle", s.oracle},
       {"monitor_mode", s.monitor_mode},
@@ -249,6 +271,10 @@ std::string summary_json(const Summary &s) {
       {"stopped_early", s.stopped_early},
       {"threads", s.threads},
       {"mutators", s.mutators},
+      {"churn_threads", s.churn},
+      {"churn_size", s.churn_size},
+      {"churned_mappings", t.churned},
+      {"unmap_waits", s.unmap_waits},
       {"min_size", s.min_size},
       {"max_size", s.max_size},
       {"limits",
@@ -274,12 +300,14 @@ std::string summary_json(const Summary &s) {
       {"unchecked_regions", t.unchecked},
       {"stale", t.stale},
       {"stale_unmap_in_flight", t.stale_window},
+      {"stale_unmap_in_flight_counted", s.window_counted},
       {"errors", t.errors},
       {"injected_failures", t.injected},
       {"injected_by_backend", s.injected_backend},
       {"leaks", s.leaks},
       {"leak_count", s.leaks.size()},
       {"stale_reports", s.stale_reports},
+      {"in_window_reports", s.window_reports},
       {"error_samples", s.errors},
       {"notes", s.notes},
       {"mutations", mutations},
