@@ -219,8 +219,10 @@ TEST(InfoTool, JsonHasEverySection) {
   for (const char *key : {"version", "configuration", "monitor", "limits", "backends"}) {
     EXPECT_TRUE(info.contains(key)) << key;
   }
-  EXPECT_EQ(info["configuration"].size(), 8u);
+  EXPECT_EQ(info["configuration"].size(), 9u);
   EXPECT_TRUE(info["monitor"].contains("mode"));
+  EXPECT_NE(info["monitor"].value("gets", "").find("exact"), std::string::npos)
+      << "exact mode is the default";
   EXPECT_TRUE(info["backends"].contains("iouring"));
   unlink(json_path.c_str());
 }
