@@ -271,6 +271,22 @@ bool probe_registration(int fd, uint64_t register_mode, int *error) noexcept {
   return ok;
 }
 
+// ---- the unmap probe ----
+
+enum class ProbeAnswer { Clear, Changing, Refused };
+
+// The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
+// lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes
+// anything away, lowered by the changing thread once the monitor has read its event. Every
+// UFFDIO_ZEROPAGE checks it first and fails with EAGAIN while it is raised; an empty range is
+// refused (EINVAL) before any page-table work or lock. So this ioctl is a pure probe.
+ProbeAnswer probe_mmap_changing(int uffd) noexcept {
+  uffdio_zeropage probe{};
+  if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0) return ProbeAnswer::Refused;
+  if (errno == EINVAL) return ProbeAnswer::Clear;
+  return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
+}
+
 enum class Wanted { Auto, WpAsync, Wp, Missing, Off };
 
 struct Negotiated {
@@ -279,6 +295,7 @@ struct Negotiated {
   uint64_t features = 0;
   uint64_t register_mode = 0;
   bool unavailable = false;  // uncached because the kernel or the sandbox refused
+  bool probe_ok = false;     // the unmap probe answers (exact gets can trust the table)
 };
 
 Wanted wanted_mode(const char **raw) noexcept {
@@ -405,6 +422,12 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
         break;
     }
     if (wanted != Wanted::Auto) why.add(" (MRC_MONITOR=%s)", env);
+    // Nothing is watched yet, so nothing can be in flight: any answer but Clear means the
+    // kernel (or a sandbox) refuses the probe, and exact caches must not trust their tables.
+    result.probe_ok = probe_mmap_changing(fd.fd) == ProbeAnswer::Clear;
+    why.add(result.probe_ok ? "; exact gets: one unmap probe (UFFDIO_ZEROPAGE) each"
+                            : "; the kernel refuses the unmap probe (UFFDIO_ZEROPAGE): exact "
+                              "caches register every get anew");
     if (failures.used > 0) why.add("; tried first: %s", failures.trimmed());
     return result;
   }
@@ -676,22 +699,6 @@ void *monitor_main(void *arg) {
   return nullptr;
 }
 
-// ---- the unmap probe ----
-
-enum class ProbeAnswer { Clear, Changing, Refused };
-
-// The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
-// lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes
-// anything away, lowered by the changing thread once the monitor has read its event. Every
-// UFFDIO_ZEROPAGE checks it first and fails with EAGAIN while it is raised; an empty range is
-// refused (EINVAL) before any page-table work or lock. So this ioctl is a pure probe.
-ProbeAnswer probe_mmap_changing(int uffd) noexcept {
-  uffdio_zeropage probe{};
-  if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0) return ProbeAnswer::Refused;
-  if (errno == EINVAL) return ProbeAnswer::Clear;
-  return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
-}
-
 // ---- lifecycle (REQUIRES: g.mutex) ----
 
 void close_run_locked(bool in_forked_child = false) noexcept {
@@ -854,18 +861,7 @@ void start_locked() noexcept {
   g.running = true;
   g.mode.store(negotiated.mode, std::memory_order_relaxed);
   g.features = negotiated.features;
-  // Nothing is watched yet, so nothing can be in flight: anything but Clear means the kernel
-  // (or a sandbox) refuses the probe, and exact caches must not trust their tables.
-  if (probe_mmap_changing(g.uffd) == ProbeAnswer::Clear) {
-    g.probe_fd.store(g.uffd, std::memory_order_release);
-  } else {
-    g.probe_fd.store(kProbeRefused, std::memory_order_release);
-    Text why{g.reason, sizeof(g.reason)};
-    why.used = strlen(g.reason);
-    why.add(
-        "; the kernel refused the unmap probe (UFFDIO_ZEROPAGE): exact caches register "
-        "every get anew");
-  }
+  g.probe_fd.store(negotiated.probe_ok ? g.uffd : kProbeRefused, std::memory_order_release);
 
   detail::WatchConfig config;
   config.uffd = g.uffd;

@@ -43,7 +43,7 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * (munmap, mremap, MAP_FIXED over it, brk shrink) before the memory at its address was mapped,
  * whichever thread unmapped it and however recently. The kernel may hand a freed address to
  * another thread's mmap before mrcache has read the unmap's event; each get therefore asks the
- * kernel, with one ioctl (about 1.6 getpid calls), whether such an event is still unread, and
+ *  kernel, with one ioctl (about two getpid calls), whether such an event is still unread, and
  * if so waits for it (a monitor round trip).
  *
  * MRC_FLAG_ORDERED_UNMAPS (MRC_ORDERED_UNMAPS=1), "fast mode", skips that ioctl. Its gets are

@@ -194,3 +194,15 @@ TEST_F(CacheUnmapInFlight, FastModeIsExactForUnmapsThatReturnedBeforeTheGet) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CacheExactInfo, TheMonitorSaysThatGetsCanProbeForUnmapsInFlight) {
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  EXPECT_NE(std::string(info.reason).find("exact gets: one unmap probe"), std::string::npos)
+      << info.reason;
+}
+
+}  // namespace
