@@ -3,6 +3,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,6 +33,14 @@ inline void futex_wait(std::atomic<uint32_t> *word, uint32_t expected) noexcept 
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   (void)syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT_PRIVATE, expected,
                 nullptr, nullptr, 0);
+}
+// The same, for at most `timeout_ns`.
+inline void futex_wait_for(std::atomic<uint32_t> *word, uint32_t expected,
+                           int64_t timeout_ns) noexcept {
+  const timespec timeout{static_cast<time_t>(timeout_ns / 1000000000),
+                         static_cast<long>(timeout_ns % 1000000000)};
+  (void)syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT_PRIVATE, expected,
+                &timeout, nullptr, 0);
 }
 inline void futex_wake_all(std::atomic<uint32_t> *word) noexcept {
   (void)syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,

@@ -73,8 +73,10 @@ constexpr size_t kDefaultQueueCapacity = size_t{1} << 15;  // 1 MiB of records
 constexpr size_t kBatch = 64;                              // uffd_msg per read()
 // How long settle_unmaps() waits for unmaps in flight. One lasts a monitor round trip (tens of
 // microseconds here); only a storm of unmaps by other threads, or a monitor kept off the CPU,
-// holds the kernel's count up longer, and then the caller registers without the cache.
-constexpr int64_t kSettleBudgetNs = 2'000'000;
+// holds the kernel's count up longer, and then the caller registers without the cache. Between
+// probes it sleeps until the monitor's next batch, at most kSettleNapNs.
+constexpr int64_t kSettleBudgetNs = 10'000'000;
+constexpr int64_t kSettleNapNs = 50'000;
 constexpr uint64_t kUffdReady = 1;
 constexpr uint64_t kControlRead = 2;
 constexpr uint64_t kRequiredEvents =
@@ -1126,8 +1128,11 @@ Consumer::Unmaps Consumer::settle_unmaps() const noexcept {
   for (unsigned attempt = 0;; ++attempt) {
     const Unmaps answer = probe_unmaps();
     if (answer != Unmaps::InFlight) return answer;
-    if (attempt < 16) continue;
-    sched_yield();  // the monitor, or the unmapping thread, needs the CPU
+    if (attempt < 4) continue;  // the monitor reads within microseconds when it has a CPU
+    // Then sleep until its next batch ends: spinning waiters would keep the monitor and the
+    // unmapping threads (which lower the count after the read) off a shared CPU. Their wakeup
+    // follows the batch's end by a little, hence the short timeout too.
+    queue_->wait_for_batch(kSettleNapNs);
     timespec now{};
     clock_gettime(CLOCK_MONOTONIC, &now);
     const int64_t waited_ns =

@@ -92,6 +92,12 @@ void InvalidationQueue::wait_until_idle() const noexcept {
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
+void InvalidationQueue::wait_for_batch(int64_t timeout_ns) const noexcept {
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  detail::futex_wait_for(&pending_, pending_.load(std::memory_order_seq_cst), timeout_ns);
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 void InvalidationQueue::reset_after_fork() noexcept {
   pending_.store(0, std::memory_order_relaxed);
   waiters_.store(0, std::memory_order_relaxed);

@@ -18,8 +18,10 @@
 //             (release). Reader: seq (acquire), fields (acquire), seq again (relaxed); equal and
 //             even and == 2*i+2 means an untorn copy of record i. The acquire field loads make
 //             the second seq load see the odd mark of any later writer whose fields were read.
-//   waiters_  consumers sleeping in wait_until_idle(); the producer wakes them after lowering
-//             pending_ (Dekker pair: both sides use seq_cst on pending_ and waiters_).
+//   waiters_  consumers sleeping in wait_until_idle() or wait_for_batch(); the producer wakes
+//             them after lowering pending_ (Dekker pair: both sides use seq_cst on pending_ and
+//             waiters_). A batch that begins and ends between a waiter's load of pending_ and
+//             its futex wait goes unseen: wait_for_batch() then sleeps out its timeout.
 //   next_     producer-private; set before the producer thread starts (pthread_create orders it).
 //   slots_, mask_  written by allocate()/release() only while no producer runs and no consumer
 //             is attached (the monitor's registry mutex and lifecycle guarantee this).
@@ -82,6 +84,8 @@ class InvalidationQueue {
   [[nodiscard]] bool read(uint64_t index, Invalidation *out) const noexcept;
   // Returns once pending_ is 0: spins briefly, then sleeps on a futex.
   void wait_until_idle() const noexcept;
+  // Sleeps until the producer ends its next batch, or `timeout_ns` passed (or spuriously).
+  void wait_for_batch(int64_t timeout_ns) const noexcept;
 
   // In a forked child: no producer exists there, whatever state the copy was caught in.
   void reset_after_fork() noexcept;
