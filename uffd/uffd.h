@@ -130,8 +130,9 @@ class Consumer {
   // One ioctl (none when no monitor runs), any thread, no lock; errno is kept. A seq_cst fence
   // follows it, so the caller's quiescent() or drain() comes after the kernel's answer.
   Unmaps probe_unmaps() const noexcept;
-  // Probes until the answer is not InFlight (yielding after a few tries); InFlight when the
-  // changes in flight outlast a bounded wait (a few milliseconds). Any thread, no lock.
+  // Probes until the answer is not InFlight, sleeping between tries until the monitor ends a
+  // batch; InFlight when the changes in flight outlast a bounded wait (10 ms). Any thread, no
+  // lock.
   Unmaps settle_unmaps() const noexcept;
 
  private:
