@@ -15,7 +15,8 @@
 //   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
 //   g.events (relaxed counter, read by info()), and the kernel's objects.
 //   g.mode is an atomic read without the lock by Consumer::mode() (relaxed: a stale mode only
-//   affects a report).
+//   affects a report). g.probe_fd is read without the lock by Consumer::probe_unmaps() (acquire,
+//   pairing with start_locked()'s release; see the field for why it cannot change under a get).
 //   Starting: the starter (holding g.mutex) waits on a futex until the monitor thread has stored
 //   the loop it runs in run.loop (release; the starter's acquire load pairs with it):
 //   start_locked() returns only once the thread is out of the threading runtime's start-up (see
