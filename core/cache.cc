@@ -431,6 +431,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
   Region *hit = nullptr;
   Region *deferred = nullptr;
   if (unmaps != uffd::Consumer::Unmaps::Read) {
+    if (unmaps == uffd::Consumer::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
     {
       std::lock_guard lock(mutex_);
       ++slow_.gets_slow;
@@ -1155,12 +1156,14 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
                  "\"deregistrations\":{},\"evictions\":{},\"regions\":{},"
                  "\"registered_bytes\":{},\"registration_failures\":{},\"uncacheable\":{},"
                  "\"pfn_mismatches\":{},\"purges\":{},\"unreleased_bytes\":{},"
-                 "\"exact\":{},\"unmap_waits\":{},\"size_histogram\":{{",
+                 "\"exact\":{},\"unmap_waits\":{},\"unmap_waits_outlasted\":{},"
+                 "\"size_histogram\":{{",
                  name_, backend_.name != nullptr ? backend_.name : "", s.gets, s.hits_fast,
                  s.hits_slow, s.misses, s.merges, s.unmap_events, s.invalidations, s.puts,
                  s.registrations, s.deregistrations, s.evictions, s.regions, s.registered_bytes,
                  s.registration_failures, s.uncacheable, s.pfn_mismatches, s.purges,
-                 s.unreleased_bytes, exact_, hot_.sum(Counter::UnmapWaits));
+                 s.unreleased_bytes, exact_, hot_.sum(Counter::UnmapWaits),
+                 hot_.sum(Counter::UnmapWaitsOutlasted));
   bool first = true;
   for (unsigned bucket = 0; bucket < 64; ++bucket) {
     const uint64_t count = histogram[bucket];

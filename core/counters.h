@@ -36,10 +36,11 @@ enum class Counter : unsigned {
   HitsFast,
   Puts,
   Deregistrations,
-  EndedBytes,       // bytes whose registration ended (deregistered, or forgotten after fork)
-  UnreleasedBytes,  // uncached regions waiting for deregistration (max_unreleased)
-  ReleasedBytes,    // unreleased bytes whose registration ended
-  UnmapWaits,       // exact gets that found an unmap in flight and waited for the monitor
+  EndedBytes,           // bytes whose registration ended (deregistered, or forgotten after fork)
+  UnreleasedBytes,      // uncached regions waiting for deregistration (max_unreleased)
+  ReleasedBytes,        // unreleased bytes whose registration ended
+  UnmapWaits,           // exact gets that found an unmap in flight and waited for the monitor
+  UnmapWaitsOutlasted,  // of those, the ones that gave up waiting and registered uncached
   kCount
 };
 

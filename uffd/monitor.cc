@@ -73,10 +73,12 @@ using detail::set_text;
 constexpr size_t kDefaultQueueCapacity = size_t{1} << 15;  // 1 MiB of records
 constexpr size_t kBatch = 64;                              // uffd_msg per read()
 // How long settle_unmaps() waits for unmaps in flight. One lasts a monitor round trip (tens of
-// microseconds here); only a storm of unmaps by other threads, or a monitor kept off the CPU,
-// holds the kernel's count up longer, and then the caller registers without the cache. Between
-// probes it sleeps until the monitor's next batch, at most kSettleNapNs.
-constexpr int64_t kSettleBudgetNs = 10'000'000;
+// microseconds here); only a storm of unmaps by threads that never get (a getting thread does
+// not unmap while it waits), or a monitor kept off the CPU, holds the kernel's count up longer,
+// and then the caller registers without the cache. 10 ms was outlasted on a loaded 2-CPU CI
+// machine under ASan (the monitor waited that long for a CPU). Between probes it sleeps until
+// the monitor's next batch, at most kSettleNapNs.
+constexpr int64_t kSettleBudgetNs = 100'000'000;
 constexpr int64_t kSettleNapNs = 50'000;
 constexpr uint64_t kUffdReady = 1;
 constexpr uint64_t kControlRead = 2;

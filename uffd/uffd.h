@@ -131,7 +131,7 @@ class Consumer {
   // follows it, so the caller's quiescent() or drain() comes after the kernel's answer.
   Unmaps probe_unmaps() const noexcept;
   // Probes until the answer is not InFlight, sleeping between tries until the monitor ends a
-  // batch; InFlight when the changes in flight outlast a bounded wait (10 ms). Any thread, no
+  // batch; InFlight when the changes in flight outlast a bounded wait (100 ms). Any thread, no
   // lock.
   Unmaps settle_unmaps() const noexcept;
 
