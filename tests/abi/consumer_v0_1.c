@@ -150,6 +150,42 @@ int main(void) {
          m.info.mode_name ? m.info.mode_name : "(null)", (int)m.info.mode, m.info.running,
          (unsigned long long)m.info.events);
 
+  /* Shared segments: mrc_seg_domain_params_t of 0.1 has no struct_size. */
+  struct {
+    mrc_seg_domain_params_t params;
+    unsigned char canary[64];
+  } d;
+  memset(&d, CANARY, sizeof d);
+  mrc_seg_domain_params_init(&d.params);
+  CHECK(canary_intact(d.canary, sizeof d.canary));
+  CHECK(d.params.prefix == NULL && d.params.base == 0 && d.params.uid == -1 && d.params.gid == -1 &&
+        d.params.join_timeout_ms == 0);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "mrc-abi-v01-%d", (int)getpid());
+  d.params.prefix = prefix;
+  d.params.size = 1ull << 30;
+  mrc_seg_domain_t *domain = NULL;
+  CHECK(mrc_seg_domain_open(&d.params, &domain) == MRC_OK);
+  if (domain != NULL) {
+    mrc_seg_domain_info_t dinfo;
+    CHECK(mrc_seg_domain_info(domain, &dinfo) == MRC_OK);
+    /* The size arrived where 0.1 put it. */
+    CHECK(dinfo.size == 1ull << 30 && dinfo.created == 1);
+    mrc_seg_t *seg = NULL;
+    CHECK(mrc_seg_open(domain, "abi", 1 << 20, MRC_SEG_HEAP, &seg) == MRC_OK);
+    if (seg != NULL) {
+      void *block = mrc_seg_alloc(seg, 4096, 0);
+      CHECK(block != NULL);
+      mrc_seg_free(seg, block);
+      CHECK(mrc_seg_close(seg) == MRC_OK);
+    }
+    printf("segments: domain of %llu bytes at 0x%llx, prefix %s\n", (unsigned long long)dinfo.size,
+           (unsigned long long)dinfo.base, prefix);
+    CHECK(mrc_seg_domain_close(domain) == MRC_OK);
+  }
+  unsigned removed = 0;
+  CHECK(mrc_seg_domain_remove(&d.params, &removed) == MRC_OK);
+
   mrc_cache_destroy(cache);
   CHECK(state.deregs == state.regs);
   munmap(mem, kPages * page);

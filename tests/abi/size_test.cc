@@ -3,7 +3,10 @@
 // that carry struct_size (mrc_cache_params_t).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "mrcache/mrcache.h"
@@ -149,6 +152,41 @@ TEST(AbiSize, ParamsStructSizeRule) {
   p.future_field = 1;  // asks for something this library cannot do
   EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
   EXPECT_EQ(cache, nullptr);
+}
+
+struct FutureDomainParams {
+  mrc_seg_domain_params_t known;
+  uint64_t future_field;
+};
+
+TEST(AbiSize, SegDomainParamsStructSizeRule) {
+  FutureDomainParams p;
+  std::memset(&p, 0, sizeof p);
+  mrc_seg_domain_params_init(&p.known);
+  EXPECT_EQ(p.known.struct_size, sizeof p.known);
+  const std::string prefix = "mrc-abi-size-" + std::to_string(getpid());
+  p.known.prefix = prefix.c_str();
+  p.known.size = 1ull << 30;
+  mrc_seg_domain_t *domain = nullptr;
+
+  p.known.struct_size = 0;
+  EXPECT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_ERR_INVALID);
+  EXPECT_NE(std::string(mrc_seg_last_error()).find("struct_size"), std::string::npos);
+  p.known.struct_size = MRC_SEG_DOMAIN_PARAMS_SIZE_0_2 - 1;
+  EXPECT_EQ(mrc_seg_domain_inspect(&p.known, &domain), MRC_ERR_INVALID);
+  p.known.struct_size = sizeof p;
+  p.future_field = 1;
+  EXPECT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_ERR_INVALID);
+  EXPECT_EQ(domain, nullptr);
+
+  p.future_field = 0;
+  ASSERT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_OK);
+  mrc_seg_domain_info_t info;
+  ASSERT_EQ(mrc_seg_domain_info(domain, &info), MRC_OK);
+  EXPECT_EQ(info.size, 1ull << 30);
+  EXPECT_EQ(mrc_seg_domain_close(domain), MRC_OK);
+  unsigned removed = 0;
+  EXPECT_EQ(mrc_seg_domain_remove(&p.known, &removed), MRC_OK);
 }
 
 }  // namespace
