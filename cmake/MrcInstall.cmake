@@ -24,8 +24,10 @@ configure_package_config_file(cmake/mrcacheConfig.cmake.in
   ${PROJECT_BINARY_DIR}/mrcacheConfig.cmake
   INSTALL_DESTINATION ${MRC_CMAKE_PACKAGE_DIR}
   NO_CHECK_REQUIRED_COMPONENTS_MACRO)
+# 0.x releases only add to the ABI (symbol versions, sized structs: docs/DESIGN.md "C ABI"), so
+# find_package(mrcache 0.1) accepts 0.2; a new major (a new soname) would not be accepted.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/mrcacheConfigVersion.cmake
-  COMPATIBILITY SameMinorVersion)
+  COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/mrcacheConfig.cmake
   ${PROJECT_BINARY_DIR}/mrcacheConfigVersion.cmake
   DESTINATION ${MRC_CMAKE_PACKAGE_DIR} COMPONENT mrcache_development)

@@ -1,12 +1,31 @@
 // The C API: argument checks and translation to the C++ core. Nothing here throws.
+//
+// Functions whose structs changed exist twice (docs/DESIGN.md, "C ABI"): *_v0 takes the 0.1
+// layout and is bound by .symver to name@MRCACHE_0, which programs built against 0.1 reference;
+// *_v2 is name@@MRCACHE_0.2, the default that new builds (and the static library) bind to.
+#include <algorithm>
 #include <cstring>
 
 #include "core/cache.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/sized.h"
 #include "mrcache/mrcache.h"
 
+#define MRC_SYMVER(impl, name, node) __asm__(".symver " #impl ", " #name node)
+
 struct mrc_cache {};  // opaque to C; the object behind it is an mrc::Cache
+
+// mrc_cache_params_t as 0.1 binaries lay it out: frozen, never edit.
+struct CacheParamsV0 {
+  const char *name;
+  const mrc_backend_t *backend;
+  void *backend_ctx;
+  size_t max_regions, max_bytes, max_unreleased;
+  unsigned flags;
+  size_t verify_pfn_pages, alignment;
+  mrc_status_t env_status;
+};  // opaque to C; the object behind it is an mrc::Cache
 
 namespace {
 
@@ -18,38 +37,113 @@ const mrc::Region *to_region(const mrc_region_t *region) {
 
 void params_defaults(mrc_cache_params_t *params) {
   std::memset(params, 0, sizeof *params);
+  params->struct_size = sizeof *params;
   params->name = "mrcache";
   params->backend = mrc_backend_null();
+}
+
+void params_to_v0(const mrc_cache_params_t &in, CacheParamsV0 *out) {
+  *out = CacheParamsV0{in.name,      in.backend,        in.backend_ctx, in.max_regions,
+                       in.max_bytes, in.max_unreleased, in.flags,       in.verify_pfn_pages,
+                       in.alignment, in.env_status};
+}
+
+mrc_cache_params_t params_from_v0(const CacheParamsV0 &in) {
+  mrc_cache_params_t out;
+  params_defaults(&out);
+  out.name = in.name;
+  out.backend = in.backend;
+  out.backend_ctx = in.backend_ctx;
+  out.max_regions = in.max_regions;
+  out.max_bytes = in.max_bytes;
+  out.max_unreleased = in.max_unreleased;
+  out.flags = in.flags;
+  out.verify_pfn_pages = in.verify_pfn_pages;
+  out.alignment = in.alignment;
+  out.env_status = in.env_status;
+  return out;
+}
+
+mrc_status_t create(const mrc_cache_params_t &params, mrc_cache_t **out) {
+  if (params.env_status != MRC_OK) return params.env_status;
+  mrc::Cache *cache = nullptr;
+  mrc_status_t status = mrc::Cache::create(params, &cache);
+  if (status == MRC_OK) *out = reinterpret_cast<mrc_cache_t *>(cache);
+  return status;
 }
 
 }  // namespace
 
 extern "C" {
 
-mrc_status_t mrc_cache_params_init_checked(mrc_cache_params_t *params, char *errbuf,
-                                           size_t errlen) {
+// Exported (default visibility) so that .symver can bind them; the version map's `local: *`
+// hides the *_v0 and *_v2 names themselves.
+MRC_API mrc_status_t mrc_cache_params_init_checked_v2(mrc_cache_params_t *params, char *errbuf,
+                                                      size_t errlen);
+MRC_API void mrc_cache_params_init_v2(mrc_cache_params_t *params);
+MRC_API mrc_status_t mrc_cache_create_v2(const mrc_cache_params_t *params, mrc_cache_t **out);
+MRC_API mrc_status_t mrc_cache_params_init_checked_v0(CacheParamsV0 *params, char *errbuf,
+                                                      size_t errlen);
+MRC_API void mrc_cache_params_init_v0(CacheParamsV0 *params);
+MRC_API mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out);
+MRC_API mrc_status_t mrc_cache_stats_v0(mrc_cache_t *cache, mrc_stats_t *stats);
+
+MRC_SYMVER(mrc_cache_params_init_checked_v2, mrc_cache_params_init_checked, "@@MRCACHE_0.2");
+MRC_SYMVER(mrc_cache_params_init_v2, mrc_cache_params_init, "@@MRCACHE_0.2");
+MRC_SYMVER(mrc_cache_create_v2, mrc_cache_create, "@@MRCACHE_0.2");
+MRC_SYMVER(mrc_cache_params_init_checked_v0, mrc_cache_params_init_checked, "@MRCACHE_0");
+MRC_SYMVER(mrc_cache_params_init_v0, mrc_cache_params_init, "@MRCACHE_0");
+MRC_SYMVER(mrc_cache_create_v0, mrc_cache_create, "@MRCACHE_0");
+MRC_SYMVER(mrc_cache_stats_v0, mrc_cache_stats, "@MRCACHE_0");
+
+mrc_status_t mrc_cache_params_init_checked_v2(mrc_cache_params_t *params, char *errbuf,
+                                              size_t errlen) {
   if (params == nullptr) return MRC_ERR_INVALID;
   if (errbuf != nullptr && errlen != 0) errbuf[0] = '\0';
   params_defaults(params);
   return mrc::config::apply_environment(params, errbuf, errlen);
 }
 
-void mrc_cache_params_init(mrc_cache_params_t *params) {
+void mrc_cache_params_init_v2(mrc_cache_params_t *params) {
   if (params == nullptr) return;
   char error[256];
-  if (mrc_cache_params_init_checked(params, error, sizeof error) != MRC_OK) {
+  if (mrc_cache_params_init_checked_v2(params, error, sizeof error) != MRC_OK) {
     MRC_LOG_ERROR("{}; mrc_cache_create will refuse these parameters", error);
     params->env_status = MRC_ERR_INVALID;
   }
 }
 
-mrc_status_t mrc_cache_create(const mrc_cache_params_t *params, mrc_cache_t **out) {
+mrc_status_t mrc_cache_create_v2(const mrc_cache_params_t *params, mrc_cache_t **out) {
   if (params == nullptr || out == nullptr) return MRC_ERR_INVALID;
-  if (params->env_status != MRC_OK) return params->env_status;
-  mrc::Cache *cache = nullptr;
-  mrc_status_t status = mrc::Cache::create(*params, &cache);
-  if (status == MRC_OK) *out = reinterpret_cast<mrc_cache_t *>(cache);
+  // Fields past the caller's struct_size keep the defaults, so the copy starts from them.
+  mrc_cache_params_t known;
+  params_defaults(&known);
+  if (!mrc::sized_input_copy(&known, sizeof known, params, params->struct_size,
+                             MRC_CACHE_PARAMS_SIZE_0_2)) {
+    return MRC_ERR_INVALID;
+  }
+  known.struct_size = sizeof known;
+  return create(known, out);
+}
+
+mrc_status_t mrc_cache_params_init_checked_v0(CacheParamsV0 *params, char *errbuf, size_t errlen) {
+  if (params == nullptr) return MRC_ERR_INVALID;
+  mrc_cache_params_t current;
+  mrc_status_t status = mrc_cache_params_init_checked_v2(&current, errbuf, errlen);
+  params_to_v0(current, params);
   return status;
+}
+
+void mrc_cache_params_init_v0(CacheParamsV0 *params) {
+  if (params == nullptr) return;
+  mrc_cache_params_t current;
+  mrc_cache_params_init_v2(&current);
+  params_to_v0(current, params);
+}
+
+mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out) {
+  if (params == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  return create(params_from_v0(*params), out);
 }
 
 void mrc_cache_destroy(mrc_cache_t *cache) { mrc::Cache::destroy(to_cache(cache)); }
@@ -96,10 +190,17 @@ unsigned mrc_region_prot(const mrc_region_t *region) {
   return region != nullptr ? to_region(region)->prot : 0;
 }
 
-mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats) {
-  if (cache == nullptr || stats == nullptr) return MRC_ERR_INVALID;
-  to_cache(cache)->stats(stats);
+mrc_status_t mrc_cache_stats_sized(mrc_cache_t *cache, mrc_stats_t *stats, size_t size) {
+  if (cache == nullptr || stats == nullptr || size < MRC_STATS_SIZE_0_1) return MRC_ERR_INVALID;
+  mrc_stats_t all{};
+  to_cache(cache)->stats(&all);
+  mrc::sized_output_copy(stats, size, &all, sizeof all);
   return MRC_OK;
+}
+
+// 0.1 programs pass the 0.1 mrc_stats_t, which every later layout extends.
+mrc_status_t mrc_cache_stats_v0(mrc_cache_t *cache, mrc_stats_t *stats) {
+  return mrc_cache_stats_sized(cache, stats, MRC_STATS_SIZE_0_1);
 }
 
 int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len) {

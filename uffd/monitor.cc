@@ -1233,8 +1233,22 @@ const char *monitor_loop() {
 
 }  // namespace mrc::uffd
 
-extern "C" MRC_API mrc_status_t mrc_monitor_info(mrc_monitor_info_t *info) {
-  if (info == nullptr) return MRC_ERR_INVALID;
-  mrc::uffd::Monitor::info(info);
+extern "C" MRC_API mrc_status_t mrc_monitor_info_sized(mrc_monitor_info_t *info, size_t size) {
+  if (info == nullptr || size < MRC_MONITOR_INFO_SIZE_0_1) return MRC_ERR_INVALID;
+  mrc_monitor_info_t all{};
+  mrc::uffd::Monitor::info(&all);
+  // The size rule of mrcache.h (core/sized.h has it for core/; uffd/ sits below core/).
+  std::memcpy(info, &all, std::min(size, sizeof all));
+  if (size > sizeof all) {
+    std::memset(reinterpret_cast<unsigned char *>(info) + sizeof all, 0, size - sizeof all);
+  }
   return MRC_OK;
+}
+
+// The 0.1 entry point (mrc_monitor_info@MRCACHE_0): the header now inlines mrc_monitor_info
+// over mrc_monitor_info_sized, so only 0.1 programs reach this, with the 0.1 layout.
+extern "C" MRC_API mrc_status_t mrc_monitor_info_v0(mrc_monitor_info_t *info);
+__asm__(".symver mrc_monitor_info_v0, mrc_monitor_info@MRCACHE_0");
+extern "C" mrc_status_t mrc_monitor_info_v0(mrc_monitor_info_t *info) {
+  return mrc_monitor_info_sized(info, MRC_MONITOR_INFO_SIZE_0_1);
 }

@@ -34,6 +34,7 @@
 
 #include "core/segment/heap.h"
 #include "core/segment/sys.h"
+#include "core/sized.h"
 
 namespace mrc::seg {
 
@@ -74,8 +75,26 @@ struct Resolved {
 inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline void commit() noexcept { std::atomic_signal_fence(std::memory_order_seq_cst); }
 
-mrc_status_t resolve(const mrc_seg_domain_params_t *p, bool observer, Resolved *r) {
-  if (p == nullptr) return fail(MRC_ERR_INVALID, "params is NULL");
+void domain_defaults(mrc_seg_domain_params_t *params) {
+  *params = mrc_seg_domain_params_t{};
+  params->struct_size = sizeof *params;
+  params->uid = -1;
+  params->gid = -1;
+}
+
+mrc_status_t resolve(const mrc_seg_domain_params_t *caller, bool observer, Resolved *r) {
+  if (caller == nullptr) return fail(MRC_ERR_INVALID, "params is NULL");
+  // The size rule of mrcache.h: fields past the caller's struct_size keep their defaults.
+  mrc_seg_domain_params_t known;
+  domain_defaults(&known);
+  if (!sized_input_copy(&known, sizeof known, caller, caller->struct_size,
+                        MRC_SEG_DOMAIN_PARAMS_SIZE_0_2)) {
+    return fail(MRC_ERR_INVALID,
+                "struct_size {} is not a mrc_seg_domain_params_t this library reads (set it "
+                "with mrc_seg_domain_params_init)",
+                caller->struct_size);
+  }
+  const mrc_seg_domain_params_t *p = &known;
   const char *prefix = p->prefix != nullptr ? p->prefix : "mrcache";
   if (!valid_name(prefix)) {
     return fail(MRC_ERR_INVALID, "prefix must be 1..{} characters of [A-Za-z0-9._-]", kNameMax);
@@ -1325,22 +1344,107 @@ mrc_status_t segment_close(mrc_seg *seg) noexcept {
 
 using mrc::seg::fail;
 
+namespace mrc::seg {
+
+// mrc_seg_domain_params_t as 0.1 binaries lay it out: frozen, never edit.
+struct DomainParamsV0 {
+  const char *prefix;
+  uintptr_t base;
+  size_t size;
+  unsigned mode;
+  int uid, gid;
+  unsigned join_timeout_ms;
+};
+
+namespace {
+
+DomainParamsV0 to_v0(const mrc_seg_domain_params_t &in) {
+  return DomainParamsV0{in.prefix, in.base, in.size, in.mode, in.uid, in.gid, in.join_timeout_ms};
+}
+
+mrc_seg_domain_params_t from_v0(const DomainParamsV0 &in) {
+  mrc_seg_domain_params_t out;
+  domain_defaults(&out);
+  out.prefix = in.prefix;
+  out.base = in.base;
+  out.size = in.size;
+  out.mode = in.mode;
+  out.uid = in.uid;
+  out.gid = in.gid;
+  out.join_timeout_ms = in.join_timeout_ms;
+  return out;
+}
+
+}  // namespace
+}  // namespace mrc::seg
+
 // ---- C API: domains ------------------------------------------------------------------------
 extern "C" {
 
-void mrc_seg_domain_params_init(mrc_seg_domain_params_t *params) {
+// mrc_seg_domain_params_t gained struct_size in 0.2: the functions taking it exist as *_v2
+// (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in core/capi.cc.
+MRC_API void mrc_seg_domain_params_init_v2(mrc_seg_domain_params_t *params);
+MRC_API mrc_status_t mrc_seg_domain_open_v2(const mrc_seg_domain_params_t *params,
+                                            mrc_seg_domain_t **out);
+MRC_API mrc_status_t mrc_seg_domain_inspect_v2(const mrc_seg_domain_params_t *params,
+                                               mrc_seg_domain_t **out);
+MRC_API mrc_status_t mrc_seg_domain_remove_v2(const mrc_seg_domain_params_t *params,
+                                              unsigned *removed);
+MRC_API void mrc_seg_domain_params_init_v0(mrc::seg::DomainParamsV0 *params);
+MRC_API mrc_status_t mrc_seg_domain_open_v0(const mrc::seg::DomainParamsV0 *params,
+                                            mrc_seg_domain_t **out);
+MRC_API mrc_status_t mrc_seg_domain_inspect_v0(const mrc::seg::DomainParamsV0 *params,
+                                               mrc_seg_domain_t **out);
+MRC_API mrc_status_t mrc_seg_domain_remove_v0(const mrc::seg::DomainParamsV0 *params,
+                                              unsigned *removed);
+__asm__(".symver mrc_seg_domain_params_init_v2, mrc_seg_domain_params_init@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_domain_open_v2, mrc_seg_domain_open@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_domain_inspect_v2, mrc_seg_domain_inspect@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_domain_remove_v2, mrc_seg_domain_remove@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_domain_params_init_v0, mrc_seg_domain_params_init@MRCACHE_0");
+__asm__(".symver mrc_seg_domain_open_v0, mrc_seg_domain_open@MRCACHE_0");
+__asm__(".symver mrc_seg_domain_inspect_v0, mrc_seg_domain_inspect@MRCACHE_0");
+__asm__(".symver mrc_seg_domain_remove_v0, mrc_seg_domain_remove@MRCACHE_0");
+
+void mrc_seg_domain_params_init_v2(mrc_seg_domain_params_t *params) {
   if (params == nullptr) return;
-  *params = mrc_seg_domain_params_t{};
-  params->uid = -1;
-  params->gid = -1;
+  mrc::seg::domain_defaults(params);
 }
 
-mrc_status_t mrc_seg_domain_open(const mrc_seg_domain_params_t *params, mrc_seg_domain_t **out) {
+mrc_status_t mrc_seg_domain_open_v2(const mrc_seg_domain_params_t *params, mrc_seg_domain_t **out) {
   return mrc::seg::open_domain(params, false, out);
 }
 
-mrc_status_t mrc_seg_domain_inspect(const mrc_seg_domain_params_t *params, mrc_seg_domain_t **out) {
+mrc_status_t mrc_seg_domain_inspect_v2(const mrc_seg_domain_params_t *params,
+                                       mrc_seg_domain_t **out) {
   return mrc::seg::open_domain(params, true, out);
+}
+
+void mrc_seg_domain_params_init_v0(mrc::seg::DomainParamsV0 *params) {
+  if (params == nullptr) return;
+  mrc_seg_domain_params_t current;
+  mrc::seg::domain_defaults(&current);
+  *params = mrc::seg::to_v0(current);
+}
+
+mrc_status_t mrc_seg_domain_open_v0(const mrc::seg::DomainParamsV0 *params,
+                                    mrc_seg_domain_t **out) {
+  if (params == nullptr) return mrc::seg::open_domain(nullptr, false, out);
+  const mrc_seg_domain_params_t current = mrc::seg::from_v0(*params);
+  return mrc::seg::open_domain(&current, false, out);
+}
+
+mrc_status_t mrc_seg_domain_inspect_v0(const mrc::seg::DomainParamsV0 *params,
+                                       mrc_seg_domain_t **out) {
+  if (params == nullptr) return mrc::seg::open_domain(nullptr, true, out);
+  const mrc_seg_domain_params_t current = mrc::seg::from_v0(*params);
+  return mrc::seg::open_domain(&current, true, out);
+}
+
+mrc_status_t mrc_seg_domain_remove_v0(const mrc::seg::DomainParamsV0 *params, unsigned *removed) {
+  if (params == nullptr) return mrc_seg_domain_remove_v2(nullptr, removed);
+  const mrc_seg_domain_params_t current = mrc::seg::from_v0(*params);
+  return mrc_seg_domain_remove_v2(&current, removed);
 }
 
 mrc_status_t mrc_seg_domain_close(mrc_seg_domain_t *d) {
@@ -1573,13 +1677,13 @@ mrc_status_t mrc_seg_remove(mrc_seg_domain_t *d, const char *name) {
   return st;
 }
 
-mrc_status_t mrc_seg_domain_remove(const mrc_seg_domain_params_t *params, unsigned *removed) {
+mrc_status_t mrc_seg_domain_remove_v2(const mrc_seg_domain_params_t *params, unsigned *removed) {
   using namespace mrc::seg;
   if (removed != nullptr) *removed = 0;
   // Join (or create) as a client: then the lock, the orphans and the last-out teardown are ours
   // to handle like any member's.
   mrc_seg_domain_t *d = nullptr;
-  mrc_status_t st = mrc_seg_domain_open(params, &d);
+  mrc_status_t st = open_domain(params, false, &d);
   if (st != MRC_OK) return st;
   char prefix[kNameMax + 1];
   std::strcpy(prefix, d->prefix);  // NOLINT: same size

@@ -3,6 +3,22 @@
  * The stable C API that runtimes embed. Every call is thread-safe unless it says otherwise.
  * Errors are mrc_status_t values; no call throws, aborts or prints on bad input: it returns
  * MRC_ERR_INVALID and changes nothing.
+ *
+ * How the ABI grows (docs/DESIGN.md, "C ABI"): a program built against an older mrcache.h keeps
+ * running on a newer libmrcache.so.0. Symbols carry versions (MRCACHE_0 = 0.1, MRCACHE_0.2, ...):
+ * a function whose arguments changed keeps its old version for old programs. Structs that
+ * grow say how large the caller's copy is:
+ *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t) start with
+ *     `size_t struct_size`, which the *_init function sets to sizeof;
+ *   - structs the library fills (mrc_stats_t, mrc_monitor_info_t) are passed with their size
+ *     (mrc_cache_stats_sized, mrc_monitor_info_sized; mrc_cache_stats and mrc_monitor_info are
+ *     inline wrappers that pass sizeof).
+ * The rule for a size: below the struct's first sized version (MRC_*_SIZE_*), MRC_ERR_INVALID
+ * and nothing changed. Smaller than the library's struct: only the fields that fit are read or
+ * written (fields a caller's older struct lacks take their defaults). Larger than the library's
+ * struct: an output struct's unknown tail is zeroed; an input struct is refused with
+ * MRC_ERR_INVALID unless its unknown tail is all zero (a field this library does not know must
+ * not be silently ignored). An input struct_size above 4096 is refused as uninitialised.
  */
 #ifndef MRCACHE_MRCACHE_H
 #define MRCACHE_MRCACHE_H
@@ -21,7 +37,7 @@ extern "C" {
 #endif
 
 #define MRC_VERSION_MAJOR 0
-#define MRC_VERSION_MINOR 1
+#define MRC_VERSION_MINOR 2
 #define MRC_VERSION_PATCH 0
 
 typedef enum {
@@ -79,6 +95,7 @@ typedef struct mrc_cache mrc_cache_t;
 typedef struct mrc_region mrc_region_t;
 
 typedef struct {
+  size_t struct_size;           /* sizeof(mrc_cache_params_t); set by mrc_cache_params_init */
   const char *name;             /* for logs and statistics; NULL = "mrcache" */
   const mrc_backend_t *backend; /* NULL = mrc_backend_null() */
   void *backend_ctx;
@@ -92,6 +109,8 @@ typedef struct {
   mrc_status_t env_status; /* set by mrc_cache_params_init when an MRC_* variable is
                               malformed; mrc_cache_create then refuses the params */
 } mrc_cache_params_t;
+/* The smallest struct_size accepted: the first layout that carried one (0.2). */
+#define MRC_CACHE_PARAMS_SIZE_0_2 (offsetof(mrc_cache_params_t, env_status) + sizeof(mrc_status_t))
 
 typedef struct {
   uint64_t gets, hits_fast, hits_slow, misses, merges, unmap_events, invalidations, puts,
@@ -99,13 +118,16 @@ typedef struct {
   /* additions beyond the contract */
   uint64_t registration_failures, uncacheable, pfn_mismatches, purges, unreleased_bytes;
 } mrc_stats_t;
+/* The smallest size mrc_cache_stats_sized accepts: the 0.1 layout. */
+#define MRC_STATS_SIZE_0_1 (offsetof(mrc_stats_t, unreleased_bytes) + sizeof(uint64_t))
 
-/* Defaults, then the MRC_* environment variables. */
+/* struct_size, the defaults, then the MRC_* environment variables. */
 MRC_API void mrc_cache_params_init(mrc_cache_params_t *params);
 /* Like mrc_cache_params_init, but reports a malformed MRC_* variable instead of ignoring it:
  * MRC_ERR_INVALID, with the variable's name in errbuf. */
 MRC_API mrc_status_t mrc_cache_params_init_checked(mrc_cache_params_t *params, char *errbuf,
                                                    size_t errlen);
+/* MRC_ERR_INVALID for a struct_size outside the rule at the top of this file. */
 MRC_API mrc_status_t mrc_cache_create(const mrc_cache_params_t *params, mrc_cache_t **out);
 /* Deregisters everything still registered. Regions still referenced become invalid. */
 MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
@@ -142,7 +164,11 @@ MRC_API unsigned mrc_region_prot(const mrc_region_t *region);
 /* The figures as of the call: invalidations the monitor has published (every unmap that returned
  * before the call) are applied first, so unmap_events (the monitor's records this cache applied),
  * invalidations, regions and the deregistrations they cause already count them. */
-MRC_API mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats);
+MRC_API mrc_status_t mrc_cache_stats_sized(mrc_cache_t *cache, mrc_stats_t *stats, size_t size);
+/* An inline wrapper, so that the size compiled into the program is the one passed. */
+static inline mrc_status_t mrc_cache_stats(mrc_cache_t *cache, mrc_stats_t *stats) {
+  return mrc_cache_stats_sized(cache, stats, sizeof *stats);
+}
 /* Deregisters every cached region not in use; regions in use leave the cache and are
  * deregistered at their last mrc_put. */
 MRC_API mrc_status_t mrc_cache_purge(mrc_cache_t *cache);
@@ -186,8 +212,13 @@ typedef struct {
                              neighbours it keeps from merging; MISSING mode: its splits) */
   uint64_t vma_budget;    /* ceiling for vmas_added, from vm.max_map_count */
 } mrc_monitor_info_t;
+/* The smallest size mrc_monitor_info_sized accepts: the 0.1 layout. */
+#define MRC_MONITOR_INFO_SIZE_0_1 (offsetof(mrc_monitor_info_t, vma_budget) + sizeof(uint64_t))
 
-MRC_API mrc_status_t mrc_monitor_info(mrc_monitor_info_t *info);
+MRC_API mrc_status_t mrc_monitor_info_sized(mrc_monitor_info_t *info, size_t size);
+static inline mrc_status_t mrc_monitor_info(mrc_monitor_info_t *info) {
+  return mrc_monitor_info_sized(info, sizeof *info);
+}
 
 /* ---- built-in backends ------------------------------------------------------------------ */
 

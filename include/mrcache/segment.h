@@ -30,6 +30,8 @@ typedef struct mrc_seg_domain mrc_seg_domain_t;
 typedef struct mrc_seg mrc_seg_t;
 
 typedef struct {
+  size_t struct_size;       /* sizeof(mrc_seg_domain_params_t); set by mrc_seg_domain_params_init
+                               (the size rule: top of mrcache.h) */
   const char *prefix;       /* name space, like VPP's root_path; NULL = "mrcache" */
   uintptr_t base;           /* 0 = the default window for this architecture */
   size_t size;              /* size of the virtual-address window; 0 = default */
@@ -37,6 +39,9 @@ typedef struct {
   int uid, gid;             /* -1 = the caller's */
   unsigned join_timeout_ms; /* how long a joiner waits for the creator; 0 = default */
 } mrc_seg_domain_params_t;
+/* The smallest struct_size accepted: the first layout that carried one (0.2). */
+#define MRC_SEG_DOMAIN_PARAMS_SIZE_0_2 \
+  (offsetof(mrc_seg_domain_params_t, join_timeout_ms) + sizeof(unsigned))
 
 enum {
   MRC_SEG_HEAP = 1,     /* the segment carries a heap usable from every process */

@@ -1,0 +1,199 @@
+/* A program built against the 0.1 headers (tests/abi/v0.1, never edited) and linked against the
+ * 0.1 symbol versions, run on today's libmrcache.so.0: the 0.1 layouts of mrc_cache_params_t,
+ * mrc_stats_t and mrc_monitor_info_t must keep meaning what they meant. Each struct sits before
+ * a canary, because a library that writes its own (larger) layout into a 0.1 caller's struct
+ * corrupts the caller's next variable without crashing. Returns 0 when every check holds. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "mrcache/mrcache.h"
+
+#if MRC_VERSION_MINOR != 1
+#error "built against the wrong headers: this consumer stands for a program built against 0.1"
+#endif
+
+static int failures;
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+#define CANARY 0xa5
+static int canary_intact(const unsigned char *canary, size_t len) {
+  for (size_t i = 0; i < len; ++i) {
+    if (canary[i] != CANARY) return 0;
+  }
+  return 1;
+}
+
+struct plugin_state {
+  unsigned regs, deregs;
+};
+
+static mrc_status_t plugin_reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
+                               uint64_t *key) {
+  struct plugin_state *state = ctx;
+  (void)len;
+  (void)prot;
+  *handle = addr;
+  *key = 7000u + state->regs++;
+  return MRC_OK;
+}
+
+static void plugin_dereg(void *ctx, void *handle) {
+  struct plugin_state *state = ctx;
+  (void)handle;
+  state->deregs++;
+}
+
+static const mrc_backend_t plugin = {"abi-plugin", plugin_reg, plugin_dereg, NULL};
+
+int main(void) {
+  const char *version = mrc_version();
+  CHECK(version != NULL);
+  printf("library %s, headers %d.%d.%d\n", version ? version : "(null)", MRC_VERSION_MAJOR,
+         MRC_VERSION_MINOR, MRC_VERSION_PATCH);
+  CHECK(version != NULL && strncmp(version, "0.", 2) == 0);
+
+  struct {
+    mrc_cache_params_t params;
+    unsigned char canary[64];
+  } p;
+  memset(&p, CANARY, sizeof p);
+  mrc_cache_params_init(&p.params);
+  CHECK(canary_intact(p.canary, sizeof p.canary));
+  CHECK(p.params.name != NULL && strcmp(p.params.name, "mrcache") == 0);
+  CHECK(p.params.backend == mrc_backend_null());
+  CHECK(p.params.backend_ctx == NULL);
+  CHECK(p.params.max_regions == 0 && p.params.alignment == 0);
+  CHECK(p.params.env_status == MRC_OK);
+
+  memset(&p, CANARY, sizeof p);
+  char err[128];
+  CHECK(mrc_cache_params_init_checked(&p.params, err, sizeof err) == MRC_OK);
+  CHECK(canary_intact(p.canary, sizeof p.canary));
+  CHECK(p.params.backend == mrc_backend_null());
+
+  struct plugin_state state = {0, 0};
+  p.params.name = "abi-v0.1";
+  p.params.backend = &plugin;
+  p.params.backend_ctx = &state;
+  p.params.max_regions = 64;
+  mrc_cache_t *cache = NULL;
+  CHECK(mrc_cache_create(NULL, &cache) == MRC_ERR_INVALID);
+  CHECK(mrc_cache_create(&p.params, &cache) == MRC_OK);
+  if (cache == NULL) {
+    fprintf(stderr, "no cache: %d checks failed\n", failures);
+    return 1;
+  }
+
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  enum { kPages = 8, kRounds = 3 };
+  char *mem = mmap(NULL, kPages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(mem != MAP_FAILED);
+  memset(mem, 1, kPages * page);
+  unsigned gets = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < kPages; ++i) {
+      mrc_region_t *region = NULL;
+      CHECK(mrc_get(cache, mem + i * page, page, MRC_PROT_READ, &region) == MRC_OK);
+      if (region == NULL) continue;
+      ++gets;
+      /* The key comes from the plugin: backend and backend_ctx arrived where 0.1 put them. */
+      CHECK(mrc_region_key(region) >= 7000u && mrc_region_key(region) < 7000u + state.regs);
+      CHECK(mrc_region_length(region) >= page);
+      mrc_put(cache, region);
+    }
+  }
+
+  struct {
+    mrc_stats_t stats;
+    unsigned char canary[64];
+  } s;
+  memset(&s, CANARY, sizeof s);
+  CHECK(mrc_cache_stats(cache, &s.stats) == MRC_OK);
+  CHECK(canary_intact(s.canary, sizeof s.canary));
+  printf("stats: gets %llu puts %llu hits %llu misses %llu registrations %llu regions %llu\n",
+         (unsigned long long)s.stats.gets, (unsigned long long)s.stats.puts,
+         (unsigned long long)(s.stats.hits_fast + s.stats.hits_slow),
+         (unsigned long long)s.stats.misses, (unsigned long long)s.stats.registrations,
+         (unsigned long long)s.stats.regions);
+  CHECK(s.stats.gets == gets && s.stats.puts == gets);
+  CHECK(s.stats.hits_fast + s.stats.hits_slow + s.stats.misses == s.stats.gets);
+  CHECK(s.stats.registrations == state.regs && s.stats.registrations >= 1);
+  CHECK(s.stats.regions <= 64);
+  CHECK(s.stats.unreleased_bytes == 0); /* the last field of the 0.1 layout */
+
+  char json[4096];
+  int n = mrc_cache_stats_json(cache, json, sizeof json);
+  CHECK(n > 0 && (size_t)n < sizeof json);
+  /* The name arrived where 0.1 put it. */
+  CHECK(n > 0 && strstr(json, "\"name\":\"abi-v0.1\"") != NULL);
+
+  struct {
+    mrc_monitor_info_t info;
+    unsigned char canary[64];
+  } m;
+  memset(&m, CANARY, sizeof m);
+  CHECK(mrc_monitor_info(&m.info) == MRC_OK);
+  CHECK(canary_intact(m.canary, sizeof m.canary));
+  CHECK(m.info.mode_name != NULL && m.info.mode_name[0] != '\0');
+  CHECK(m.info.mode >= MRC_MONITOR_WP_ASYNC && m.info.mode <= MRC_MONITOR_UNCACHED);
+  CHECK(memchr(m.info.reason, '\0', sizeof m.info.reason) != NULL);
+  CHECK(m.info.vmas_added <= m.info.vma_budget || m.info.vma_budget == 0);
+  printf("monitor: mode %s (%d), running %d, events %llu\n",
+         m.info.mode_name ? m.info.mode_name : "(null)", (int)m.info.mode, m.info.running,
+         (unsigned long long)m.info.events);
+
+  /* Shared segments: mrc_seg_domain_params_t of 0.1 has no struct_size. */
+  struct {
+    mrc_seg_domain_params_t params;
+    unsigned char canary[64];
+  } d;
+  memset(&d, CANARY, sizeof d);
+  mrc_seg_domain_params_init(&d.params);
+  CHECK(canary_intact(d.canary, sizeof d.canary));
+  CHECK(d.params.prefix == NULL && d.params.base == 0 && d.params.uid == -1 && d.params.gid == -1 &&
+        d.params.join_timeout_ms == 0);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "mrc-abi-v01-%d", (int)getpid());
+  d.params.prefix = prefix;
+  d.params.size = 1ull << 30;
+  mrc_seg_domain_t *domain = NULL;
+  CHECK(mrc_seg_domain_open(&d.params, &domain) == MRC_OK);
+  if (domain != NULL) {
+    mrc_seg_domain_info_t dinfo;
+    CHECK(mrc_seg_domain_info(domain, &dinfo) == MRC_OK);
+    /* The size arrived where 0.1 put it. */
+    CHECK(dinfo.size == 1ull << 30 && dinfo.created == 1);
+    mrc_seg_t *seg = NULL;
+    CHECK(mrc_seg_open(domain, "abi", 1 << 20, MRC_SEG_HEAP, &seg) == MRC_OK);
+    if (seg != NULL) {
+      void *block = mrc_seg_alloc(seg, 4096, 0);
+      CHECK(block != NULL);
+      mrc_seg_free(seg, block);
+      CHECK(mrc_seg_close(seg) == MRC_OK);
+    }
+    printf("segments: domain of %llu bytes at 0x%llx, prefix %s\n", (unsigned long long)dinfo.size,
+           (unsigned long long)dinfo.base, prefix);
+    CHECK(mrc_seg_domain_close(domain) == MRC_OK);
+  }
+  unsigned removed = 0;
+  CHECK(mrc_seg_domain_remove(&d.params, &removed) == MRC_OK);
+
+  mrc_cache_destroy(cache);
+  CHECK(state.deregs == state.regs);
+  munmap(mem, kPages * page);
+
+  if (failures != 0) {
+    fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  printf("ok: a 0.1 program on libmrcache %s\n", version);
+  return 0;
+}

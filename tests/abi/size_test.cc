@@ -1,0 +1,192 @@
+// The size rule of the growing structs (include/mrcache/mrcache.h, top), for each kind: output
+// structs filled through a size argument (mrc_stats_t, mrc_monitor_info_t) and input structs
+// that carry struct_size (mrc_cache_params_t).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mrcache/mrcache.h"
+
+namespace {
+
+constexpr unsigned char kFill = 0xa5;
+
+struct CacheGuard {
+  mrc_cache_t *cache = nullptr;
+  ~CacheGuard() {
+    if (cache != nullptr) mrc_cache_destroy(cache);
+  }
+};
+
+// A cache that has served one get, so that its statistics are not all zero.
+void make_cache(CacheGuard *guard) {
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  ASSERT_EQ(mrc_cache_create(&params, &guard->cache), MRC_OK);
+  static char buffer[4096];
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(guard->cache, buffer, sizeof buffer, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(guard->cache, region);
+}
+
+bool all_equal(const unsigned char *p, size_t n, unsigned char value) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != value) return false;
+  }
+  return true;
+}
+
+TEST(AbiSize, InitSetsStructSize) {
+  mrc_cache_params_t params;
+  std::memset(&params, 0, sizeof params);
+  mrc_cache_params_init(&params);
+  EXPECT_EQ(params.struct_size, sizeof params);
+  char err[64];
+  std::memset(&params, 0, sizeof params);
+  ASSERT_EQ(mrc_cache_params_init_checked(&params, err, sizeof err), MRC_OK);
+  EXPECT_EQ(params.struct_size, sizeof params);
+  EXPECT_GE(sizeof params, MRC_CACHE_PARAMS_SIZE_0_2);
+}
+
+TEST(AbiSize, StatsSmallerSizeWritesOnlyWhatFits) {
+  CacheGuard guard;
+  ASSERT_NO_FATAL_FAILURE(make_cache(&guard));
+  std::vector<unsigned char> buf(sizeof(mrc_stats_t) + 64, kFill);
+  ASSERT_EQ(mrc_cache_stats_sized(guard.cache, reinterpret_cast<mrc_stats_t *>(buf.data()),
+                                  MRC_STATS_SIZE_0_1),
+            MRC_OK);
+  mrc_stats_t stats;
+  std::memcpy(&stats, buf.data(), sizeof stats);
+  EXPECT_EQ(stats.gets, 1u);
+  EXPECT_EQ(stats.puts, 1u);
+  EXPECT_TRUE(all_equal(buf.data() + MRC_STATS_SIZE_0_1, buf.size() - MRC_STATS_SIZE_0_1, kFill))
+      << "wrote past the size the caller gave";
+}
+
+TEST(AbiSize, StatsLargerSizeZeroesTheUnknownTail) {
+  CacheGuard guard;
+  ASSERT_NO_FATAL_FAILURE(make_cache(&guard));
+  std::vector<unsigned char> buf(sizeof(mrc_stats_t) + 64, kFill);
+  ASSERT_EQ(
+      mrc_cache_stats_sized(guard.cache, reinterpret_cast<mrc_stats_t *>(buf.data()), buf.size()),
+      MRC_OK);
+  mrc_stats_t stats;
+  std::memcpy(&stats, buf.data(), sizeof stats);
+  EXPECT_EQ(stats.gets, 1u);
+  EXPECT_TRUE(all_equal(buf.data() + sizeof stats, 64, 0));
+}
+
+TEST(AbiSize, StatsBadSizeChangesNothing) {
+  CacheGuard guard;
+  ASSERT_NO_FATAL_FAILURE(make_cache(&guard));
+  std::vector<unsigned char> buf(sizeof(mrc_stats_t), kFill);
+  auto *stats = reinterpret_cast<mrc_stats_t *>(buf.data());
+  EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, 0), MRC_ERR_INVALID);
+  EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, MRC_STATS_SIZE_0_1 - 1), MRC_ERR_INVALID);
+  EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, sizeof(uint64_t)), MRC_ERR_INVALID);
+  EXPECT_TRUE(all_equal(buf.data(), buf.size(), kFill));
+  // The inline wrapper passes the caller's sizeof.
+  mrc_stats_t whole;
+  ASSERT_EQ(mrc_cache_stats(guard.cache, &whole), MRC_OK);
+  EXPECT_EQ(whole.gets, 1u);
+}
+
+TEST(AbiSize, MonitorInfoSizes) {
+  mrc_monitor_info_t reference;
+  ASSERT_EQ(mrc_monitor_info(&reference), MRC_OK);
+  ASSERT_NE(reference.mode_name, nullptr);
+
+  std::vector<unsigned char> buf(sizeof(mrc_monitor_info_t) + 64, kFill);
+  auto *info = reinterpret_cast<mrc_monitor_info_t *>(buf.data());
+  EXPECT_EQ(mrc_monitor_info_sized(info, 0), MRC_ERR_INVALID);
+  EXPECT_EQ(mrc_monitor_info_sized(info, MRC_MONITOR_INFO_SIZE_0_1 - 1), MRC_ERR_INVALID);
+  EXPECT_TRUE(all_equal(buf.data(), buf.size(), kFill)) << "a refused size changed the struct";
+
+  ASSERT_EQ(mrc_monitor_info_sized(info, MRC_MONITOR_INFO_SIZE_0_1), MRC_OK);
+  EXPECT_EQ(info->mode, reference.mode);
+  EXPECT_TRUE(all_equal(buf.data() + MRC_MONITOR_INFO_SIZE_0_1,
+                        buf.size() - MRC_MONITOR_INFO_SIZE_0_1, kFill));
+
+  std::fill(buf.begin(), buf.end(), kFill);
+  ASSERT_EQ(mrc_monitor_info_sized(info, buf.size()), MRC_OK);
+  EXPECT_STREQ(info->mode_name, reference.mode_name);
+  EXPECT_TRUE(all_equal(buf.data() + sizeof(mrc_monitor_info_t), 64, 0));
+}
+
+// A caller built against a later mrcache.h, whose params have a field this library lacks.
+struct FutureParams {
+  mrc_cache_params_t known;
+  uint64_t future_field;
+};
+
+TEST(AbiSize, ParamsStructSizeRule) {
+  FutureParams p;
+  std::memset(&p, 0, sizeof p);
+  mrc_cache_params_init(&p.known);
+  mrc_cache_t *cache = nullptr;
+
+  p.known.struct_size = 0;
+  EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
+  p.known.struct_size = MRC_CACHE_PARAMS_SIZE_0_2 - 1;
+  EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
+  p.known.struct_size = static_cast<size_t>(-1);  // never initialised: not scanned for zeros
+  EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
+  EXPECT_EQ(cache, nullptr);
+
+  // The first sized layout without its trailing padding: every field is there.
+  p.known.struct_size = MRC_CACHE_PARAMS_SIZE_0_2;
+  ASSERT_EQ(mrc_cache_create(&p.known, &cache), MRC_OK);
+  mrc_cache_destroy(cache);
+  cache = nullptr;
+
+  p.known.struct_size = sizeof p;
+  p.future_field = 0;  // a later field left at its default: fine
+  ASSERT_EQ(mrc_cache_create(&p.known, &cache), MRC_OK);
+  mrc_cache_destroy(cache);
+  cache = nullptr;
+
+  p.future_field = 1;  // asks for something this library cannot do
+  EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
+  EXPECT_EQ(cache, nullptr);
+}
+
+struct FutureDomainParams {
+  mrc_seg_domain_params_t known;
+  uint64_t future_field;
+};
+
+TEST(AbiSize, SegDomainParamsStructSizeRule) {
+  FutureDomainParams p;
+  std::memset(&p, 0, sizeof p);
+  mrc_seg_domain_params_init(&p.known);
+  EXPECT_EQ(p.known.struct_size, sizeof p.known);
+  const std::string prefix = "mrc-abi-size-" + std::to_string(getpid());
+  p.known.prefix = prefix.c_str();
+  p.known.size = 1ull << 30;
+  mrc_seg_domain_t *domain = nullptr;
+
+  p.known.struct_size = 0;
+  EXPECT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_ERR_INVALID);
+  EXPECT_NE(std::string(mrc_seg_last_error()).find("struct_size"), std::string::npos);
+  p.known.struct_size = MRC_SEG_DOMAIN_PARAMS_SIZE_0_2 - 1;
+  EXPECT_EQ(mrc_seg_domain_inspect(&p.known, &domain), MRC_ERR_INVALID);
+  p.known.struct_size = sizeof p;
+  p.future_field = 1;
+  EXPECT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_ERR_INVALID);
+  EXPECT_EQ(domain, nullptr);
+
+  p.future_field = 0;
+  ASSERT_EQ(mrc_seg_domain_open(&p.known, &domain), MRC_OK);
+  mrc_seg_domain_info_t info;
+  ASSERT_EQ(mrc_seg_domain_info(domain, &info), MRC_OK);
+  EXPECT_EQ(info.size, 1ull << 30);
+  EXPECT_EQ(mrc_seg_domain_close(domain), MRC_OK);
+  unsigned removed = 0;
+  EXPECT_EQ(mrc_seg_domain_remove(&p.known, &removed), MRC_OK);
+}
+
+}  // namespace
