@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <new>
 
-#include "pgtable/check.h"
+#include "base/check.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MRC_POOL_ASAN 1

@@ -38,7 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 
 namespace mrc::detail {
 

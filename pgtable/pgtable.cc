@@ -7,7 +7,7 @@
 #include <iterator>
 #include <new>
 
-#include "pgtable/check.h"
+#include "base/check.h"
 
 namespace mrc::detail {
 namespace {

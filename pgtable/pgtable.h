@@ -116,9 +116,9 @@
 #include <new>
 #include <type_traits>
 
+#include "base/check.h"
+#include "base/epoch.h"
 #include "mrcache/mrcache.h"
-#include "pgtable/check.h"
-#include "pgtable/epoch.h"
 #include "pgtable/node_pool.h"
 
 namespace mrc {

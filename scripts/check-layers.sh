@@ -3,8 +3,8 @@
 #
 #   layer 0  include/mrcache/  may include: mrcache/                      third-party: none
 #   layer 1  pgtable/          may include: mrcache/ pgtable/             third-party: none
-#   layer 2  uffd/             may include: mrcache/ pgtable/check.h pgtable/epoch.h uffd/  liburing
-#   layer 2  backends/         may include: mrcache/ pgtable/check.h backends/ liburing, rdma-core
+#   layer 2  uffd/             may include: mrcache/ base/check.h base/epoch.h uffd/  liburing
+#   layer 2  backends/         may include: mrcache/ base/check.h backends/ liburing, rdma-core
 #   layer 3  core/             may include: every layer above and core/   fmt, libnuma, all above
 #   layer 4  tools/ tests/     not checked (they see the library and its private headers)
 #
@@ -27,9 +27,12 @@ tp_ucx='^(ucs|uct|ucp|ucm)/'
 layer_of() {
   case $1 in
     include/mrcache/*) echo public ;;
+    base/*) echo base ;;
     pgtable/*) echo pgtable ;;
     uffd/*) echo uffd ;;
     backends/*) echo backends ;;
+    core/cache/*) echo cache ;;
+    core/segment/*) echo segment ;;
     core/*) echo core ;;
     tools/*) echo tools ;;
     tests/*) echo tests ;;
@@ -43,11 +46,11 @@ allowed_internal() {
   tl=$(layer_of "$target")
   [[ $tl == "$layer" ]] && return 0
   case $layer:$tl in
-    pgtable:public) return 0 ;;
-    uffd:public | backends:public) return 0 ;;
-    uffd:pgtable) [[ $target == pgtable/check.h || $target == pgtable/epoch.h ]] && return 0 ;;
-    backends:pgtable) [[ $target == pgtable/check.h ]] && return 0 ;;
-    core:public | core:pgtable | core:uffd | core:backends) return 0 ;;
+    base:public) return 0 ;;
+    pgtable:public | pgtable:base) return 0 ;;
+    uffd:public | uffd:base | backends:public | backends:base) return 0 ;;
+    cache:public | cache:base | cache:pgtable | cache:uffd | cache:backends) return 0 ;;
+    segment:public | segment:base) return 0 ;;
   esac
   return 1
 }
@@ -57,12 +60,14 @@ allowed_external() {
   local layer=$1 h=$2
   [[ $h =~ $tp_test || $h =~ $tp_ucx ]] && return 1
   case $layer in
-    public | pgtable)
+    public | base | pgtable)
       [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
     uffd)
       [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
     backends)
       [[ $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+    segment)
+      [[ $h =~ $tp_uring || $h =~ $tp_verbs ]] && return 1 ;;
   esac
   return 0
 }
@@ -84,7 +89,7 @@ resolve() {
   fi
   case $2 in
     mrcache/*) echo "include/$2" ;;
-    pgtable/* | uffd/* | backends/* | core/* | tools/* | tests/*) echo "$2" ;;
+    base/* | pgtable/* | uffd/* | backends/* | core/* | tools/* | tests/*) echo "$2" ;;
     *) echo "" ;;
   esac
 }
@@ -92,7 +97,7 @@ resolve() {
 violations=0
 checked=0
 mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard -- \
-  'include/mrcache/*' 'pgtable/*' 'uffd/*' 'backends/*' 'core/*')
+  'include/mrcache/*' 'base/*' 'pgtable/*' 'uffd/*' 'backends/*' 'core/*')
 for f in "${files[@]}"; do
   [[ -f $f && $f =~ \.(h|hpp|hh|c|cc|cpp|inc|ipp)$ ]] || continue
   layer=$(layer_of "$f")

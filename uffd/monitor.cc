@@ -50,8 +50,10 @@
 #include <mutex>
 #include <new>
 
-#include "pgtable/check.h"
-#include "pgtable/epoch.h"
+#include "base/check.h"
+#include "base/epoch.h"
+#include "base/futex.h"
+#include "base/proc_maps.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
 #include "uffd/uffd.h"
@@ -693,7 +695,7 @@ void *monitor_main(void *arg) {
   // The threading runtime's start-up (a sanitizer's, or glibc's) is over once this runs.
   const LoopKind kind = choose_loop(run);
   run->loop.store(static_cast<uint32_t>(kind), std::memory_order_release);
-  detail::futex_wake_all(&run->loop);
+  os::futex_wake_all(&run->loop);
   run_loop(run, kind);
   // Close the userfaultfd here, before this thread exits: that drops every registration at
   // once. Thread exit may unmap memory on this thread (a sanitizer's or a preloaded runtime's
@@ -861,7 +863,7 @@ void start_locked() noexcept {
   // read events: its start-up could wait for a runtime lock held by a thread blocked in munmap.
   constexpr uint32_t kNotStarted = static_cast<uint32_t>(LoopKind::NotStarted);
   while (g.run.loop.load(std::memory_order_acquire) == kNotStarted) {
-    detail::futex_wait(&g.run.loop, kNotStarted);
+    os::futex_wait(&g.run.loop, kNotStarted);
   }
   g.running = true;
   g.mode.store(negotiated.mode, std::memory_order_relaxed);
@@ -895,7 +897,7 @@ void stop_locked() noexcept {
   close_run_locked();
   g.needs_start = false;
   // The last cache left: no descriptor of ours stays open (a later query opens one again).
-  detail::maps_close_descriptors();
+  os::close_maps_descriptors();
 }
 
 // Returns once no unmap, remap or madvise of watched memory is in flight: one ioctl when
@@ -944,21 +946,14 @@ void evict_idle_watches_locked() noexcept {
 
 // ---- fork ----
 
-void before_fork() noexcept {
-  g.mutex.lock();
-  detail::maps_prepare_fork();
-}
+void before_fork() noexcept { g.mutex.lock(); }
 
-void after_fork_in_parent() noexcept {
-  detail::maps_parent_after_fork();
-  g.mutex.unlock();
-}
+void after_fork_in_parent() noexcept { g.mutex.unlock(); }
 
 // The child has no monitor thread, and its VMAs lost their registration (no EVENT_FORK). Drop
 // the inherited descriptors (closing them here does not affect the parent's), forget the watch
 // table and tell every consumer, through its next drain(), to forget its regions.
 void after_fork_in_child() noexcept {
-  detail::maps_child_after_fork();
   close_run_locked(/*in_forked_child=*/true);
   g.queue.reset_after_fork();
   for (Consumer *consumer = g.consumers; consumer != nullptr;
@@ -972,7 +967,10 @@ void after_fork_in_child() noexcept {
   g.mutex.unlock();
 }
 
+// The registry mutex is taken before the maps descriptors' locks (watch() queries mappings under
+// it), so their handlers are registered first: prepare handlers run in reverse order.
 void install_fork_handlers() noexcept {
+  os::register_maps_fork_handlers();
   pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
 
@@ -1237,7 +1235,7 @@ extern "C" MRC_API mrc_status_t mrc_monitor_info_sized(mrc_monitor_info_t *info,
   if (info == nullptr || size < MRC_MONITOR_INFO_SIZE_0_1) return MRC_ERR_INVALID;
   mrc_monitor_info_t all{};
   mrc::uffd::Monitor::info(&all);
-  // The size rule of mrcache.h (core/sized.h has it for core/; uffd/ sits below core/).
+  // The size rule of mrcache.h (base/sized.h has it for core/; uffd/ sits below core/).
   std::memcpy(info, &all, std::min(size, sizeof all));
   if (size > sizeof all) {
     std::memset(reinterpret_cast<unsigned char *>(info) + sizeof all, 0, size - sizeof all);

@@ -3,8 +3,8 @@
 
 #include <sys/mman.h>
 
-#include "pgtable/check.h"
-#include "uffd/internal.h"
+#include "base/check.h"
+#include "base/futex.h"
 
 namespace mrc::uffd {
 namespace {
@@ -62,7 +62,7 @@ void InvalidationQueue::end_batch() noexcept {
   }
   pending_.fetch_sub(1, std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) != 0) {
-    detail::futex_wake_all(&pending_);
+    os::futex_wake_all(&pending_);
   }
 }
 
@@ -87,14 +87,14 @@ void InvalidationQueue::wait_until_idle() const noexcept {
   for (;;) {
     const uint32_t seen = pending_.load(std::memory_order_seq_cst);
     if (seen == 0) break;
-    detail::futex_wait(&pending_, seen);  // returns at once if pending_ != seen
+    os::futex_wait(&pending_, seen);  // returns at once if pending_ != seen
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void InvalidationQueue::wait_for_batch(int64_t timeout_ns) const noexcept {
   waiters_.fetch_add(1, std::memory_order_seq_cst);
-  detail::futex_wait_for(&pending_, pending_.load(std::memory_order_seq_cst), timeout_ns);
+  os::futex_wait_for(&pending_, pending_.load(std::memory_order_seq_cst), timeout_ns);
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 

@@ -172,24 +172,6 @@ class Monitor {
   static void info(mrc_monitor_info_t *out) noexcept;
 };
 
-// Mapping facts the cache needs (protection widening, clipping): PROCMAP_QUERY on an open
-// /proc/self/maps (Linux 6.11+), else a parse of /proc/self/maps.
-struct Mapping {
-  uintptr_t start, end;
-  unsigned prot;  // PROT_*
-  bool shared;
-  uint64_t inode;
-  bool sysv_shm;
-  // Additions: the page size of the mapping (huge for hugetlbfs; the base page size when only
-  // /proc/self/maps could be read), and whether it is private anonymous memory.
-  size_t page_size;
-  bool anonymous;
-};
-// The mapping that contains `address`: MRC_OK, MRC_ERR_NOT_FOUND (not mapped) or MRC_ERR_IO.
-[[nodiscard]] mrc_status_t query_mapping(uintptr_t address, Mapping *out);
-// The mapping that contains `address` or else the first one above it.
-[[nodiscard]] mrc_status_t query_mapping_from(uintptr_t address, Mapping *out);
-
 // ---- test-only controls (tests/uffd and tools/bench; not for the cache) ----
 namespace testing {
 // Capacity (power of two) of the queue allocated by the next start; 0 = the default (32768).
@@ -198,8 +180,6 @@ void set_queue_capacity(size_t records);
 void set_vma_budget(uint64_t vmas);
 // Idle watched mappings kept registered, from the next start; negative = the default (32).
 void set_idle_vmas(int64_t vmas);
-// Use the /proc/self/maps parser even where PROCMAP_QUERY works.
-void force_maps_fallback(bool on);
 // Run the monitor loop on poll(2) instead of io_uring (the fallback when io_uring fails).
 void force_poll_loop(bool on);
 // While on, the monitor leaves events unread (their unmappers stay blocked in the kernel).

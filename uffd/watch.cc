@@ -11,7 +11,7 @@
 #include <cstring>
 #include <new>
 
-#include "pgtable/check.h"
+#include "base/check.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
 
@@ -217,8 +217,8 @@ void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
 // A mapping that lies inside the hole an unmap cut into registered memory, and so was most
 // likely mapped over it (MAP_FIXED), is registered whole.
 void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
-  Mapping mapping;
-  if (query_mapping(start, &mapping) != MRC_OK || mapping.start < start || mapping.end > end) {
+  os::Vma mapping;
+  if (os::query_vma(start, &mapping) != MRC_OK || mapping.start < start || mapping.end > end) {
     return;  // a plain hole, or a mapping that reaches beyond it
   }
   if (!acceptable(mapping, nullptr, 0)) return;
@@ -330,7 +330,7 @@ WatchSet::PieceCount *WatchSet::take_spare() noexcept {
 
 // ---- registration ----
 
-bool WatchSet::acceptable(const Mapping &mapping, char *why, size_t why_len) const noexcept {
+bool WatchSet::acceptable(const os::Vma &mapping, char *why, size_t why_len) const noexcept {
   if (mapping.sysv_shm) {
     set_text(why, why_len,
              "SysV shared memory: the kernel reports no event for shmdt(), so a cached "
@@ -360,8 +360,8 @@ bool WatchSet::acceptable(const Mapping &mapping, char *why, size_t why_len) con
 bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
                              size_t why_len) {
   for (int attempt = 1;; ++attempt) {
-    Mapping mapping;
-    const mrc_status_t status = query_mapping(at, &mapping);
+    os::Vma mapping;
+    const mrc_status_t status = os::query_vma(at, &mapping);
     if (status != MRC_OK) {
       if (why != nullptr && why_len > 0) {
         snprintf(why, why_len, "%#" PRIxPTR " is %s", at,
@@ -397,17 +397,17 @@ bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char 
     g_registrations.fetch_add(1, std::memory_order_relaxed);
     if (ioctl(config_.uffd, UFFDIO_REGISTER, &request) != 0) {
       const int error = errno;
-      Mapping now;
+      os::Vma now;
       const bool changed =
-          query_mapping(at, &now) != MRC_OK || now.start != mapping.start || now.end != mapping.end;
+          os::query_vma(at, &now) != MRC_OK || now.start != mapping.start || now.end != mapping.end;
       if (changed && attempt < kRegisterAttempts) continue;
       explain_errno(why, why_len, "UFFDIO_REGISTER", error, lo, hi, config_.mode);
       return false;
     }
     // Only if one VMA still covers [lo, hi) was all of it registered (watch.h). A registration
     // that fails this check stays in the kernel unrecorded: it costs spurious events only.
-    Mapping after;
-    if (query_mapping(lo, &after) == MRC_OK && after.start <= lo && after.end >= hi) {
+    os::Vma after;
+    if (os::query_vma(lo, &after) == MRC_OK && after.start <= lo && after.end >= hi) {
       if (!record(lo, hi)) {
         set_text(why, why_len, "out of memory");
         return false;
@@ -432,8 +432,8 @@ void WatchSet::unregister(uintptr_t start, uintptr_t end) noexcept {
   // kernel refuses the whole range then; unregister mapping by mapping, ignoring failures.
   uintptr_t at = start;
   while (at < end) {
-    Mapping mapping;
-    if (query_mapping_from(at, &mapping) != MRC_OK || mapping.start >= end) return;
+    os::Vma mapping;
+    if (os::query_vma_from(at, &mapping) != MRC_OK || mapping.start >= end) return;
     uffdio_range part{std::max(at, mapping.start), 0};
     part.len = std::min(end, mapping.end) - part.start;
     (void)ioctl(config_.uffd, UFFDIO_UNREGISTER, &part);
@@ -452,11 +452,11 @@ void WatchSet::unregister_entry(size_t index) noexcept {
     auto quiet = [this](uintptr_t from, uintptr_t to) {
       return entries_.overlapping(from, to) == 0 && pieces_.overlapping(from, to) == 0;
     };
-    Mapping mapping;
-    if (query_mapping(lo, &mapping) == MRC_OK && mapping.start < lo && quiet(mapping.start, lo)) {
+    os::Vma mapping;
+    if (os::query_vma(lo, &mapping) == MRC_OK && mapping.start < lo && quiet(mapping.start, lo)) {
       lo = mapping.start;
     }
-    if (query_mapping(hi - 1, &mapping) == MRC_OK && mapping.end > hi && quiet(hi, mapping.end)) {
+    if (os::query_vma(hi - 1, &mapping) == MRC_OK && mapping.end > hi && quiet(hi, mapping.end)) {
       hi = mapping.end;
     }
   }

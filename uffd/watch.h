@@ -103,8 +103,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/epoch.h"
+#include "base/proc_maps.h"
 #include "mrcache/mrcache.h"
-#include "pgtable/epoch.h"
 #include "uffd/uffd.h"
 
 namespace mrc::uffd::detail {
@@ -233,7 +234,7 @@ class WatchSet {
   };
 
   const Entry *containing(uintptr_t address) const noexcept;
-  bool acceptable(const Mapping &mapping, char *why, size_t why_len) const noexcept;
+  bool acceptable(const os::Vma &mapping, char *why, size_t why_len) const noexcept;
   bool register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why, size_t why_len);
   [[nodiscard]] bool record(uintptr_t start, uintptr_t end) noexcept;
   void adopt_replacement(uintptr_t start, uintptr_t end) noexcept;

@@ -40,7 +40,7 @@
 #include <new>
 
 #include "backends/backends.h"
-#include "pgtable/check.h"
+#include "base/check.h"
 
 namespace mrc::backends {
 namespace {

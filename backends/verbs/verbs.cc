@@ -16,7 +16,7 @@
 #include <new>
 
 #include "backends/backends.h"
-#include "pgtable/check.h"
+#include "base/check.h"
 
 struct mrc_verbs_ctx;
 

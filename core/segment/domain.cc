@@ -32,9 +32,9 @@
 #include <cstring>
 #include <new>
 
+#include "base/sized.h"
 #include "core/segment/heap.h"
 #include "core/segment/sys.h"
-#include "core/sized.h"
 
 namespace mrc::seg {
 
@@ -1382,7 +1382,7 @@ mrc_seg_domain_params_t from_v0(const DomainParamsV0 &in) {
 extern "C" {
 
 // mrc_seg_domain_params_t gained struct_size in 0.2: the functions taking it exist as *_v2
-// (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in core/capi.cc.
+// (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in core/cache/capi.cc.
 MRC_API void mrc_seg_domain_params_init_v2(mrc_seg_domain_params_t *params);
 MRC_API mrc_status_t mrc_seg_domain_open_v2(const mrc_seg_domain_params_t *params,
                                             mrc_seg_domain_t **out);

@@ -1,5 +1,5 @@
-// System helpers of the segment code: the calling thread's last error, name checks, clocks,
-// robust process-shared mutexes and OFD presence locks.
+// System helpers of the segment code: the calling thread's last error, name checks, clocks, file
+// checks; the locks come from base/locks.h.
 //
 // SYNCHRONIZATION: the last error is thread-local. The mutex helpers are thin wrappers; the
 // locks they take are described where they live (layout.h). Nothing here keeps shared state.
@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/locks.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::seg {
@@ -55,29 +56,15 @@ uint64_t realtime_ns() noexcept;
 uint64_t random_u64() noexcept;
 void sleep_ns(uint64_t ns) noexcept;
 
-// ---- robust process-shared mutexes ---------------------------------------------------------
-// Initialises a mutex nobody can be using yet (fresh memory of a file created under O_EXCL).
-[[nodiscard]] int robust_mutex_init(pthread_mutex_t *mutex) noexcept;
-
-enum class LockResult { kAcquired, kOwnerDied, kTimeout, kUnrecoverable, kError };
-// Waits until `deadline_ns` (CLOCK_MONOTONIC). kOwnerDied: the lock is ours, the previous owner
-// died holding it; the caller repairs, then calls pthread_mutex_consistent.
-LockResult robust_lock(pthread_mutex_t *mutex, uint64_t deadline_ns) noexcept;
-
-struct MutexState {
-  bool locked;
-  bool owner_died;  // the owner died; the next locker repairs
-  int owner_tid;
-};
-// Reads glibc's lock word without taking the lock: for display only.
-MutexState mutex_state(const pthread_mutex_t *mutex) noexcept;
-
-// ---- OFD locks (one byte each) -------------------------------------------------------------
-// 0 when taken; EAGAIN when another open file description holds it; another errno on failure.
-int ofd_trylock(int fd, off_t offset) noexcept;
-void ofd_unlock(int fd, off_t offset) noexcept;
-// 1: some open file description (ours included) holds it; 0: nobody; -errno on failure.
-int ofd_held(int fd, off_t offset) noexcept;
+// ---- locks (base/locks.h) ------------------------------------------------------------------
+using os::LockResult;
+using os::mutex_state;
+using os::MutexState;
+using os::ofd_held;
+using os::ofd_trylock;
+using os::ofd_unlock;
+using os::robust_lock;
+using os::robust_mutex_init;
 
 // ---- files ---------------------------------------------------------------------------------
 // A file belongs to the domain when its owner is the domain's uid or, in a group-shared domain

@@ -22,7 +22,7 @@ using Libfabric = Conformance;
 TEST_F(Libfabric, MemoryUnmappedAndMappedAgainAtTheSameAddressIsRegisteredAgain) {
   // libfabric fabtests/unit/mr_cache_evict.c, mr_cache_mmap_test: register a 16 KiB mapping,
   // register it again (a hit), munmap it, map it again at the same address (MAP_FIXED), register:
-  // that must not hit. tests/core has the same check among other unmaps; this is the peer's.
+  // that must not hit. tests/cache has the same check among other unmaps; this is the peer's.
   const size_t size = 16384;
   char *buf = static_cast<char *>(
       mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
@@ -217,7 +217,7 @@ TEST_F(Libfabric, AnyOtherFailureIsRememberedUntilTheMemoryChanges) {
   // libfabric util_mr_cache.c, ofi_mr_cache_search retries the provider on every search.
   // DIFFERENCE: mrcache remembers a failure other than MRC_ERR_NO_MEMORY (the same memory would
   // fail the same way) until an event says the memory changed, so retry storms never reach the
-  // backend. tests/core pins this in more detail.
+  // backend. tests/cache pins this in more detail.
   char *mem = alloc_pages(2 * kPage);
   backend.fail_next(1, MRC_ERR_BACKEND);
   mrc_region_t *region = nullptr;

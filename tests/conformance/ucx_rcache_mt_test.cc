@@ -8,8 +8,8 @@
 // the same allocator, with contents the compiler knows are initialised.
 //
 // KNOWN LIMITATION (these may fail today): while one thread munmaps, another can mmap the same
-// address and get it before the UNMAP event is queued (the unmap window, core/cache.h); its get
-// then returns the old registration. A per-get probe of the kernel's mmap_changing is being
+// address and get it before the UNMAP event is queued (the unmap window, core/cache/cache.h); its
+// get then returns the old registration. A per-get probe of the kernel's mmap_changing is being
 // added to close it. Allocations carry guard pages, so only that window, not mrcache's merging
 // of adjacent regions, can make threads see each other's regions.
 #include <fcntl.h>

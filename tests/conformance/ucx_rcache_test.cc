@@ -311,7 +311,7 @@ TEST_F(UcxRcache, ManyUnmapCyclesWithoutCacheCallsKeepMemoryBounded) {
   // UCX test_rcache_inv_q_growth.inv_q_bounded_with_interval_tree: 40,000 munmap + mmap cycles
   // of a registered page with no cache call between them; the process must not grow (UCX's
   // invalidation queue once did) and one get afterwards sees the memory as new. The queue
-  // itself is not visible through the C API; tests/core has the same scenario with MAP_FIXED.
+  // itself is not visible through the C API; tests/cache has the same scenario with MAP_FIXED.
   const size_t size = kPage;
   void *ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(ptr, MAP_FAILED);

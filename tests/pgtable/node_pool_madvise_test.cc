@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <deque>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 #include "pgtable/node_pool.h"
 #include "pgtable/pgtable.h"
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 #include "pgtable/pgtable.h"
 
 namespace mrc {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 #include "pgtable/pgtable.h"
 
 namespace mrc {

@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 #include "pgtable/pgtable.h"
 
 namespace mrc {

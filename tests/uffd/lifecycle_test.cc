@@ -363,25 +363,6 @@ TEST(Fork, LastUnsubscribeClosesTheMapsDescriptors) {
   EXPECT_EQ(wait_child(pid), 0);
 }
 
-// A /proc/self/maps descriptor kept open by the parent describes the parent: a forked child
-// must query its own address space, even if it never subscribed.
-TEST(Fork, MappingQueriesDescribeTheChild) {
-  Mapping m;
-  int on_stack = 0;
-  ASSERT_EQ(query_mapping(u(&on_stack), &m), MRC_OK);  // the parent opens its descriptor
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    char *fresh = static_cast<char *>(
-        mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    Mapping child;
-    CHILD_CHECK(query_mapping(u(fresh), &child) == MRC_OK);
-    CHILD_CHECK(child.start <= u(fresh) && child.end > u(fresh));
-    _exit(0);
-  }
-  EXPECT_EQ(wait_child(pid), 0);
-}
-
 // ---- seccomp ----
 
 int install_filter_denying_userfaultfd() {

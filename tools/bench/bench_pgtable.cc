@@ -48,7 +48,7 @@
 #include <utility>
 #include <vector>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 #include "pgtable/pgtable.h"
 
 #if defined(MRC_HAVE_UCX)

@@ -315,7 +315,7 @@ void worker(Run &run, unsigned index) {
       mrc_region_t *region = acquire(run, c, start, len, prot, &t0);
       if (region != nullptr && wanted == 1 && rng.chance(run.opt.hot_rate)) {
         // A hot range: used again and again, its region parks its references in this thread
-        // (core/cache.h); the check below then sees a region taken back from the line.
+        // (core/cache/cache.h); the check below then sees a region taken back from the line.
         for (int repeat = 0; repeat < kHotRepeats && region != nullptr; ++repeat) {
           mrc_put(run.cache, region);
           region = acquire(run, c, start, len, prot, &t0);
@@ -687,7 +687,7 @@ struct Baseline {
 Baseline take_baseline() { return Baseline{take_snapshot(), list_fds()}; }
 
 // The descriptors opened since the start. The library keeps up to four /proc/self/maps
-// descriptors for the life of the process (uffd/maps.cc: PROCMAP_QUERY needs an open maps
+// descriptors for the life of the process (base/proc_maps.cc: PROCMAP_QUERY needs an open maps
 // file): those are listed in *kept, not counted as leaks.
 std::vector<OpenFile> new_files(const Baseline &before, std::vector<OpenFile> *kept) {
   std::vector<OpenFile> added;
@@ -747,7 +747,7 @@ std::vector<std::string> process_leaks(const Baseline &before, std::vector<std::
   if (!kept.empty()) {
     notes->push_back("the library keeps " + std::to_string(kept.size()) +
                      " /proc/self/maps descriptor(s) open for the life of the process "
-                     "(uffd/maps.cc); not counted as leaks");
+                     "(base/proc_maps.cc); not counted as leaks");
   }
   return leaks;
 }

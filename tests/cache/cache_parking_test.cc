@@ -1,7 +1,7 @@
 // Parked references: a hot region's put keeps the reference in the thread's parking line (no
 // locked instruction), and everything that needs the region unused — invalidation, an unmap,
 // eviction, destroy — takes the parked references back first. White-box where the count itself
-// is the behaviour (core/cache.h), through the C API otherwise.
+// is the behaviour (core/cache/cache.h), through the C API otherwise.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/epoch.h"
 #include "cache_fixture.h"
-#include "core/cache.h"
+#include "core/cache/cache.h"
 #include "mrcache/mrcache.h"
-#include "pgtable/epoch.h"
 
 namespace {
 

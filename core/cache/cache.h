@@ -65,7 +65,7 @@
 //   evicted regions are finished after the lock. A put that read a stale clear flag only delays
 //   the trim to the next miss or trim (the bound was never a hard one while regions are held).
 // - Statistics: what changes outside mutex_ (hits, puts, ended registrations) goes to per-thread
-//   shards (core/counters.h), the rest are plain integers under mutex_. stats() drains the
+//   shards (core/cache/counters.h), the rest are plain integers under mutex_. stats() drains the
 //   invalidation queue under mutex_ first, as a slow path does (so an unmap that returned before
 //   the call is counted), finishes the regions that released outside the lock, then takes the
 //   figures under mutex_ again.
@@ -76,7 +76,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "core/counters.h"
+#include "core/cache/counters.h"
 #include "mrcache/mrcache.h"
 #include "pgtable/pgtable.h"
 #include "uffd/uffd.h"
@@ -338,7 +338,7 @@ class Cache {
   // A region earns kParkable after this many consecutive fast-path hits by one thread: the
   // reclaim at its removal costs a membarrier, which a region used once should not pay.
   static constexpr uint32_t kPromoteAfter = 8;
-  static constexpr size_t kLines = ShardedCounters::kSlots;
+  static constexpr size_t kLines = kThreadSlots;
   static_assert(kLines <= Region::kAnyOwner);
   uint64_t lines_to_reclaim_[kLines / 64] = {};  // mutex_: owners' lines marked by unpark_locked
   ParkingLine parking_[kLines];

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/cache.h"
-#include "core/config.h"
-#include "core/log.h"
-#include "core/sized.h"
+#include "base/sized.h"
+#include "core/cache/cache.h"
+#include "core/cache/config.h"
+#include "core/cache/log.h"
 #include "mrcache/mrcache.h"
 
 #define MRC_SYMVER(impl, name, node) __asm__(".symver " #impl ", " #name node)

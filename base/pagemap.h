@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace mrc::pfn {
+namespace mrc::os::pagemap {
 
 // Whether PFNs can be read here; otherwise `why` says why.
 bool available(char *why, size_t why_len) noexcept;
@@ -17,4 +17,4 @@ bool read(uintptr_t start, uint64_t *entries, size_t pages) noexcept;
 // Whether the pages still map the recorded frames (a page that became absent does not match).
 bool matches(uintptr_t start, const uint64_t *entries, size_t pages) noexcept;
 
-}  // namespace mrc::pfn
+}  // namespace mrc::os::pagemap

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/config.h"
+#include "core/cache/config.h"
 #include "mrcache/mrcache.h"
 
 namespace {

@@ -130,7 +130,7 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
 
 // Four threads get, sometimes invalidate, and put pages of one mapping, `pages` pages `stride`
 // apart (a stride of 1 makes neighbours merge), staying on a page for `dwell` gets (long enough
-// to park its reference, see core/cache.h); each invalidates every `every`-th region it gets.
+// to park its reference, see core/cache/cache.h); each invalidates every `every`-th region it gets.
 // Every get is checked against the backend's live registrations. Before destroy, with no
 // reference held by anyone, every invalidated registration must have ended and its done run
 // exactly once: parked references of invalidated regions are taken back at once.

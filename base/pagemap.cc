@@ -1,4 +1,4 @@
-#include "core/pfn.h"
+#include "base/pagemap.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace mrc::pfn {
+namespace mrc::os::pagemap {
 namespace {
 
 constexpr uint64_t kPresent = uint64_t{1} << 63;
@@ -85,4 +85,4 @@ bool available(char *why, size_t why_len) noexcept {
   return true;
 }
 
-}  // namespace mrc::pfn
+}  // namespace mrc::os::pagemap

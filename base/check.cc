@@ -1,4 +1,4 @@
-#include "pgtable/check.h"
+#include "base/check.h"
 
 #include <unistd.h>
 #include <cstdio>

@@ -1,10 +1,10 @@
 // Statistics counters that cost no shared write on the hit path.
 //
-// SYNCHRONIZATION: every thread owns one slot index (assigned on first use, recycled when the
-// thread exits). While at most kSlots threads are alive each slot has exactly one writer, which
-// updates it with a relaxed load+store (no locked instruction); past that, threads share slots
-// and fall back to relaxed fetch_add. Readers sum all slots with relaxed loads: a total may lag
-// concurrent updates but never loses an increment once the writer's update is visible.
+// SYNCHRONIZATION: every thread owns one slot index (base/thread_slot.h). While at most kSlots
+// threads are alive each slot has exactly one writer, which updates it with a relaxed load+store
+// (no locked instruction); past that, threads share slots and fall back to relaxed fetch_add.
+// Readers sum all slots with relaxed loads: a total may lag concurrent updates but never loses an
+// increment once the writer's update is visible.
 #pragma once
 
 #include <array>
@@ -12,25 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/thread_slot.h"
+
 namespace mrc {
-
-struct ThreadSlot {
-  unsigned index;
-  bool exclusive;
-  bool assigned;
-};
-
-namespace detail {
-// Initial-exec TLS: one load from the thread pointer, no __tls_get_addr call in libmrcache.so.
-extern constinit thread_local ThreadSlot tls_thread_slot __attribute__((tls_model("initial-exec")));
-const ThreadSlot &assign_thread_slot() noexcept;
-}  // namespace detail
-
-// This thread's slot (assigned on first call).
-inline const ThreadSlot &this_thread_slot() noexcept {
-  const ThreadSlot &slot = detail::tls_thread_slot;
-  return __builtin_expect(slot.assigned, 1) ? slot : detail::assign_thread_slot();
-}
 
 enum class Counter : unsigned {
   HitsFast,
@@ -46,7 +30,7 @@ enum class Counter : unsigned {
 
 class ShardedCounters {
  public:
-  static constexpr unsigned kSlots = 128;
+  static constexpr unsigned kSlots = kThreadSlots;
 
   void add(Counter counter, uint64_t value = 1) noexcept {
     add(this_thread_slot(), counter, value);

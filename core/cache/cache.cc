@@ -1,4 +1,4 @@
-#include "core/cache.h"
+#include "core/cache/cache.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,11 +11,12 @@
 #include <new>
 #include <utility>
 
-#include "core/config.h"
-#include "core/log.h"
-#include "core/pfn.h"
-#include "pgtable/check.h"
-#include "pgtable/epoch.h"
+#include "base/check.h"
+#include "base/epoch.h"
+#include "base/pagemap.h"
+#include "base/proc_maps.h"
+#include "core/cache/config.h"
+#include "core/cache/log.h"
 
 namespace mrc {
 namespace {
@@ -48,8 +49,8 @@ size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
 // Whether the memory of [start, end) allows `prot` (its real protection, from the kernel).
 bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
   for (uintptr_t address = start; address < end;) {
-    uffd::Mapping mapping{};
-    if (uffd::query_mapping(address, &mapping) != MRC_OK || mapping.start > address) return false;
+    os::Vma mapping{};
+    if (os::query_vma(address, &mapping) != MRC_OK || mapping.start > address) return false;
     if ((prot & MRC_PROT_READ) != 0 && (mapping.prot & PROT_READ) == 0) return false;
     if ((prot & MRC_PROT_WRITE) != 0 && (mapping.prot & PROT_WRITE) == 0) return false;
     address = mapping.end;
@@ -152,7 +153,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   cache->print_stats_ = config::stats_at_destroy();
   if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {
     char why[160];
-    if (!pfn::available(why, sizeof why)) {
+    if (!os::pagemap::available(why, sizeof why)) {
       MRC_LOG_WARN("cache {}: PFN verification disabled: {}", cache->name_, why);
       cache->flags_ &= ~static_cast<unsigned>(MRC_FLAG_VERIFY_PFN);
     } else {
@@ -400,7 +401,7 @@ bool Cache::park(unsigned owner, Region *region) noexcept {
 }
 
 bool Cache::verify_pfns(Region *region) noexcept {
-  if (pfn::matches(region->start, region->pfns, region->pfn_count)) return true;
+  if (os::pagemap::matches(region->start, region->pfns, region->pfn_count)) return true;
   pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);  // rare: a locked add is fine
   MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
                 region->start, region->end);
@@ -752,7 +753,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   if (verify_pfn_pages_ != 0) {
     region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
     region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
-    if (region->pfns == nullptr || !pfn::read(region->start, region->pfns, region->pfn_count)) {
+    if (region->pfns == nullptr ||
+        !os::pagemap::read(region->start, region->pfns, region->pfn_count)) {
       delete[] region->pfns;
       region->pfns = nullptr;
       region->pfn_count = 0;

@@ -1,4 +1,4 @@
-#include "core/log.h"
+#include "core/cache/log.h"
 
 #include <strings.h>
 #include <unistd.h>

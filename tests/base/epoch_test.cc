@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 
 namespace mrc {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/config.h"
+#include "core/cache/config.h"
 
 #include <strings.h>
 

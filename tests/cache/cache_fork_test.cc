@@ -128,7 +128,7 @@ TEST_F(CacheFork, PurgeOnForkDeregistersUnusedRegionsFirst) {
   EXPECT_EQ(backend.live_count(), 0u);
 }
 
-// Hot regions park references (core/cache.h). Unused is unused, parked or not: purge-on-fork
+// Hot regions park references (core/cache/cache.h). Unused is unused, parked or not: purge-on-fork
 // deregisters them, and a child forgets them (the parent's threads that parked them do not exist
 // there) without deregistering.
 TEST_F(CacheFork, ParkedReferencesAreUnusedForPurgeAndForgottenInTheChild) {

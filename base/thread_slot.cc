@@ -1,5 +1,6 @@
-#include "core/counters.h"
+#include "base/thread_slot.h"
 
+#include <array>
 #include <mutex>
 
 namespace mrc::detail {
@@ -10,7 +11,7 @@ namespace {
 
 // Slot ownership: a bitmap under a mutex, touched once per thread start and exit.
 std::mutex g_slot_mutex;
-std::array<bool, ShardedCounters::kSlots> g_slot_taken{};  // guarded by g_slot_mutex
+std::array<bool, kThreadSlots> g_slot_taken{};  // guarded by g_slot_mutex
 unsigned g_next_shared = 0;                                // guarded by g_slot_mutex
 
 // Gives the slot back when the thread exits.
@@ -33,14 +34,14 @@ const ThreadSlot &assign_thread_slot() noexcept {
   (void)&slot_return;
   ThreadSlot &slot = tls_thread_slot;
   std::lock_guard lock(g_slot_mutex);
-  for (unsigned i = 0; i < ShardedCounters::kSlots; ++i) {
+  for (unsigned i = 0; i < kThreadSlots; ++i) {
     if (!g_slot_taken[i]) {
       g_slot_taken[i] = true;
       slot = {i, true, true};
       return slot;
     }
   }
-  slot = {g_next_shared++ % ShardedCounters::kSlots, false, true};
+  slot = {g_next_shared++ % kThreadSlots, false, true};
   return slot;
 }
 

@@ -1,5 +1,5 @@
 // Epoch-based reclamation; the contract is the SYNCHRONIZATION block in epoch.h.
-#include "pgtable/epoch.h"
+#include "base/epoch.h"
 
 #include <linux/membarrier.h>
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <ctime>
 #include <new>
 
-#include "pgtable/check.h"
+#include "base/check.h"
 
 namespace mrc {
 namespace detail {

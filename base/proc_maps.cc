@@ -1,17 +1,21 @@
-// Mapping facts: PROCMAP_QUERY on an open /proc/self/maps (Linux 6.11+), else a parse of it.
+// Vma facts: PROCMAP_QUERY on an open /proc/self/maps (Linux 6.11+), else a parse of it.
 //
 // SYNCHRONIZATION
 //   g_maps[i].mutex guards g_maps[i].fd. A few descriptors are kept so that concurrent callers
 //   rarely wait for each other; one ioctl at a time per descriptor, because some kernels between
 //   6.16 and 6.18 kept PROCMAP_QUERY's locking state in the open file. Callers take the first
-//   free slot with try_lock, else wait on one chosen round-robin. The fork handlers (monitor.cc)
+//   free slot with try_lock, else wait on one chosen round-robin. The fork handlers (below)
 //   take every slot mutex before fork and, in the child, close the descriptors: an inherited
-//   /proc/self/maps still describes the parent's address space. When the monitor stops (the last
-//   cache left), it closes them too, one slot mutex at a time under the registry mutex: a query
+//   /proc/self/maps still describes the parent's address space. close_maps_descriptors() (the
+//   uffd monitor's stop, under its registry mutex) closes them one slot mutex at a time: a query
 //   running then finishes first, a later one opens a descriptor again. g_procmap_unsupported and
 //   g_force_fallback are relaxed flags: a stale read only costs one more failed ioctl or one more
 //   parse.
+#include "base/proc_maps.h"
+
 #include <fcntl.h>
+#include <pthread.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,12 +24,41 @@
 #include <cstring>
 #include <mutex>
 
-#include "uffd/internal.h"
-#include "uffd/kernel.h"
-#include "uffd/uffd.h"
+#include "base/testing.h"
 
-namespace mrc::uffd {
+namespace mrc::os {
 namespace {
+
+// struct procmap_query from <linux/fs.h> (Linux 6.11; Debian 12's headers are 6.1). Declared
+// under our own name so that a newer header's definition cannot collide with it; the layout is
+// the ABI.
+struct ProcmapQuery {
+  uint64_t size;
+  uint64_t query_flags;
+  uint64_t query_addr;
+  uint64_t vma_start;
+  uint64_t vma_end;
+  uint64_t vma_flags;
+  uint64_t vma_page_size;
+  uint64_t vma_offset;
+  uint64_t inode;
+  uint32_t dev_major;
+  uint32_t dev_minor;
+  uint32_t vma_name_size;
+  uint32_t build_id_size;
+  uint64_t vma_name_addr;
+  uint64_t build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104, "struct procmap_query is 104 bytes in the ABI");
+
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+
+// Bits of ProcmapQuery::query_flags (filters) and of ::vma_flags (the answer).
+constexpr uint64_t kProcmapVmaReadable = 0x01;
+constexpr uint64_t kProcmapVmaWritable = 0x02;
+constexpr uint64_t kProcmapVmaExecutable = 0x04;
+constexpr uint64_t kProcmapVmaShared = 0x08;
+constexpr uint64_t kProcmapCoveringOrNextVma = 0x10;
 
 struct MapsSlot {
   std::mutex mutex;
@@ -63,17 +96,17 @@ bool is_private_anonymous(bool shared, uint64_t inode, const char *name, size_t 
 
 enum class QueryStatus { Found, NotFound, Unsupported, Failed };
 
-QueryStatus procmap_query(int fd, uintptr_t address, bool or_next, Mapping *out) noexcept {
+QueryStatus procmap_query(int fd, uintptr_t address, bool or_next, Vma *out) noexcept {
   char name[kNameBytes];
-  kernel::ProcmapQuery query{};
+  ProcmapQuery query{};
   query.size = sizeof(query);
-  query.query_flags = or_next ? kernel::kProcmapCoveringOrNextVma : 0;
+  query.query_flags = or_next ? kProcmapCoveringOrNextVma : 0;
   query.query_addr = address;
   query.vma_name_size = sizeof(name);
   query.vma_name_addr = reinterpret_cast<uintptr_t>(name);
   int rc;
   do {
-    rc = ioctl(fd, kernel::kProcmapQuery, &query);
+    rc = ioctl(fd, kProcmapQuery, &query);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     if (errno == ENOENT) return QueryStatus::NotFound;
@@ -84,10 +117,10 @@ QueryStatus procmap_query(int fd, uintptr_t address, bool or_next, Mapping *out)
   const size_t name_length = query.vma_name_size > 0 ? query.vma_name_size - 1 : 0;
   out->start = query.vma_start;
   out->end = query.vma_end;
-  out->prot = ((query.vma_flags & kernel::kProcmapVmaReadable) ? PROT_READ : 0u) |
-              ((query.vma_flags & kernel::kProcmapVmaWritable) ? PROT_WRITE : 0u) |
-              ((query.vma_flags & kernel::kProcmapVmaExecutable) ? PROT_EXEC : 0u);
-  out->shared = (query.vma_flags & kernel::kProcmapVmaShared) != 0;
+  out->prot = ((query.vma_flags & kProcmapVmaReadable) ? PROT_READ : 0u) |
+              ((query.vma_flags & kProcmapVmaWritable) ? PROT_WRITE : 0u) |
+              ((query.vma_flags & kProcmapVmaExecutable) ? PROT_EXEC : 0u);
+  out->shared = (query.vma_flags & kProcmapVmaShared) != 0;
   out->inode = query.inode;
   out->sysv_shm = out->shared && is_sysv_name(name, name_length);
   out->page_size = query.vma_page_size != 0 ? query.vma_page_size : base_page_size();
@@ -141,7 +174,7 @@ void skip_spaces(const char **cursor, const char *end) noexcept {
 }
 
 // "start-end perms offset major:minor inode   name"
-bool parse_maps_line(const char *line, size_t length, Mapping *out) noexcept {
+bool parse_maps_line(const char *line, size_t length, Vma *out) noexcept {
   const char *p = line;
   const char *end = line + length;
   uint64_t start, stop, offset, major, minor, inode;
@@ -170,7 +203,7 @@ bool parse_maps_line(const char *line, size_t length, Mapping *out) noexcept {
   return true;
 }
 
-QueryStatus parse_proc_maps(uintptr_t address, bool or_next, Mapping *out) noexcept {
+QueryStatus parse_proc_maps(uintptr_t address, bool or_next, Vma *out) noexcept {
   const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return QueryStatus::Failed;
   char buffer[8192];
@@ -197,7 +230,7 @@ QueryStatus parse_proc_maps(uintptr_t address, bool or_next, Mapping *out) noexc
     if (have == 0) break;
     const size_t line_length = newline != nullptr ? static_cast<size_t>(newline - buffer) : have;
     if (!skipping) {
-      Mapping line;
+      Vma line;
       if (parse_maps_line(buffer, line_length, &line) && line.end > address) {
         // Lines come in address order: the first one ending above `address` decides.
         if (line.start <= address || or_next) {
@@ -217,7 +250,7 @@ QueryStatus parse_proc_maps(uintptr_t address, bool or_next, Mapping *out) noexc
   return status;
 }
 
-mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
+mrc_status_t query(uintptr_t address, bool or_next, Vma *out) noexcept {
   if (out == nullptr) return MRC_ERR_INVALID;
   if (!g_procmap_unsupported.load(std::memory_order_relaxed) &&
       !g_force_fallback.load(std::memory_order_relaxed)) {
@@ -232,7 +265,7 @@ mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
     }
     std::unique_lock<std::mutex> hold(slot->mutex, std::adopt_lock);
     if (slot->fd < 0) {
-      detail::ensure_fork_handlers();  // a forked child must not query through this descriptor
+      register_maps_fork_handlers();  // a forked child must not query through this descriptor
       slot->fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     }
     if (slot->fd >= 0) {
@@ -253,48 +286,53 @@ mrc_status_t query(uintptr_t address, bool or_next, Mapping *out) noexcept {
   }
 }
 
-}  // namespace
-
-mrc_status_t query_mapping(uintptr_t address, Mapping *out) { return query(address, false, out); }
-
-mrc_status_t query_mapping_from(uintptr_t address, Mapping *out) {
-  return query(address, true, out);
-}
-
-namespace testing {
-void force_maps_fallback(bool on) { g_force_fallback.store(on, std::memory_order_relaxed); }
-}  // namespace testing
-
-namespace detail {
-namespace {
 // REQUIRES: slot->mutex.
 void close_slot(MapsSlot *slot) noexcept {
   if (slot->fd >= 0) close(slot->fd);
   slot->fd = -1;
 }
-}  // namespace
 
-void maps_prepare_fork() noexcept {
+void prepare_fork() noexcept {
   for (MapsSlot &slot : g_maps) slot.mutex.lock();
 }
 
-void maps_parent_after_fork() noexcept {
+void parent_after_fork() noexcept {
   for (unsigned i = kMapsSlots; i-- > 0;) g_maps[i].mutex.unlock();
 }
 
-void maps_child_after_fork() noexcept {
+void child_after_fork() noexcept {
   for (unsigned i = kMapsSlots; i-- > 0;) {
     close_slot(&g_maps[i]);
     g_maps[i].mutex.unlock();
   }
 }
 
-void maps_close_descriptors() noexcept {
+void install_fork_handlers() noexcept {
+  pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+}
+
+}  // namespace
+
+mrc_status_t query_vma(uintptr_t address, Vma *out) noexcept { return query(address, false, out); }
+
+mrc_status_t query_vma_from(uintptr_t address, Vma *out) noexcept {
+  return query(address, true, out);
+}
+
+void close_maps_descriptors() noexcept {
   for (MapsSlot &slot : g_maps) {
     std::lock_guard<std::mutex> hold(slot.mutex);
     close_slot(&slot);
   }
 }
 
-}  // namespace detail
-}  // namespace mrc::uffd
+void register_maps_fork_handlers() noexcept {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, install_fork_handlers);
+}
+
+namespace testing {
+void force_maps_fallback(bool on) { g_force_fallback.store(on, std::memory_order_relaxed); }
+}  // namespace testing
+
+}  // namespace mrc::os
