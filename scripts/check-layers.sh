@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Enforces the layer order of SOURCES.md on every #include of the library's sources:
 #
-#   layer 0  include/mrcache/  may include: mrcache/                      third-party: none
-#   layer 1  pgtable/          may include: mrcache/ pgtable/             third-party: none
-#   layer 2  uffd/             may include: mrcache/ base/check.h base/epoch.h uffd/  liburing
-#   layer 2  backends/         may include: mrcache/ base/check.h backends/ liburing, rdma-core
-#   layer 3  core/             may include: every layer above and core/   fmt, libnuma, all above
-#   layer 4  tools/ tests/     not checked (they see the library and its private headers)
+#   layer 0  include/mrcache/  may include: mrcache/                         third-party: none
+#   layer 1  base/             may include: mrcache/ base/                   third-party: none
+#   layer 2  pgtable/          may include: mrcache/ base/ pgtable/          third-party: none
+#   layer 3  uffd/             may include: mrcache/ base/ uffd/             liburing
+#   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
+#   layer 4  core/cache/       may include: every layer above, core/cache/   fmt, libnuma, all above
+#   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
+#                              (it reaches the cache through the public C API only)
+#   layer 5  tools/ tests/     not checked (they see the library and its private headers)
 #
 # Standard C, C++ and POSIX/Linux headers are always allowed. An include is resolved like the
 # compiler does: first next to the including file, then from the source root and include/.
