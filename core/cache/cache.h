@@ -175,7 +175,7 @@ class Cache {
   void reap_finished_locked() noexcept;
   void retire_batch_locked() noexcept;
   void unlink_live_locked(Region *region) noexcept;
-  void collect_garbage() noexcept;
+  void finish_dereg_batch() noexcept;
   // Region memory: the epoch domain's reclaim callback (any thread) pushes each retired batch
   // on recycled_; mutex_ holders allocate from free_regions_ and refill it from recycled_ in one
   // exchange.
@@ -209,8 +209,9 @@ class Cache {
   size_t cached_regions_ = 0;    // mutex_: registered regions in the table
   size_t cached_bytes_ = 0;      // mutex_
   Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
-  std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
-  std::atomic<uint64_t> garbage_bytes_{0};
+  // Last put of invalid regions whose deregistration waits for a batch (max_unreleased).
+  std::atomic<Region *> dereg_batch_{nullptr};
+  std::atomic<uint64_t> dereg_batch_bytes_{0};
   std::atomic<Region *> finished_{nullptr};  // finished, not yet retired (SYNCHRONIZATION)
   // mutex_: unlinked from the live list, retired to the epoch domain in batches (one object
   // per batch).

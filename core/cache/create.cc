@@ -86,7 +86,7 @@ void Cache::destroy(Cache *cache) noexcept {
       MRC_DASSERT(slot.load(std::memory_order_relaxed) == nullptr);
     }
   }
-  cache->collect_garbage();
+  cache->finish_dereg_batch();
   // Whatever is left is still referenced by the application: deregister it anyway.
   size_t in_use = 0;
   Region *leftover = nullptr;

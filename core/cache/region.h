@@ -79,12 +79,14 @@
 //       region after unlocking (finish_all). evict_unused_locked deregisters them at once,
 //       under mutex_ (end_registration), and leaves the rest of finish for after the lock.
 //
-//  Batched        live list, and garbage_ (lock-free count kDead; kRegistered, not kForgotten;
-//                 stack through gc_next; its bytes   kUnreleased (set by release_last for an
-//                 in garbage_bytes_): deregistration Uncached region). Only when
-//                 waits for a batch (max_unreleased) max_unreleased != 0
-//    -> Finished: collect_garbage takes the whole stack; run by the put whose push takes the
-//       bytes past max_unreleased, after a slow-path get that drained (get_slow), by destroy.
+//  Batched        live list, and dereg_batch_ (lock- count kDead; kRegistered, not kForgotten;
+//                 free stack through gc_next; its    kUnreleased (set by release_last for an
+//                 bytes in dereg_batch_bytes_):      Uncached region). Only when
+//                 deregistration waits for a batch   max_unreleased != 0
+//                 (max_unreleased)
+//    -> Finished: finish_dereg_batch takes the whole stack; run by the put whose push takes
+//       the bytes past max_unreleased, after a slow-path get that drained (get_slow), by
+//       destroy.
 //    -> Deferred: in a fork child, the first drain (DrainResult::Forked) moves the stack.
 //
 //  Finished       live list, and finished_ (lock-    count kDead; kRegistered cleared
@@ -112,7 +114,7 @@
 // - Invalidate callbacks (mrc_invalidate). invalidate (mutex_) chains one on `callbacks` of a
 //   Cached, Parkable, Invalidated or Uncached region (a Failed one is refused) and removes the
 //   region from the table; finish runs them after the deregistration.
-// - destroy. purge(true), collect_garbage and a reap leave on the live list only the regions
+// - destroy. purge(true), finish_dereg_batch and a reap leave on the live list only the regions
 //   the application still holds (Invalidated, Uncached); each is forced to kDead and finished
 //   (deregistered anyway), then reaped and retired; after the epoch domain's synchronize, Free
 //   storage is deleted.
@@ -148,7 +150,7 @@ struct Region : PgtRegion, mrc_region {
     kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
     kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
-                            // an uncached region waiting on garbage_)
+                            // an uncached region waiting on dereg_batch_)
     kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
   };
   // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
@@ -179,7 +181,7 @@ struct Region : PgtRegion, mrc_region {
   Region *lru_next = nullptr;
   Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
   Region *live_next = nullptr;
-  Region *gc_next = nullptr;  // the deferred, garbage and finished stacks, then the region pool
+  Region *gc_next = nullptr;  // the deferred, dereg-batch and finished stacks, then the region pool
   InvalidateCallback *callbacks = nullptr;  // mutex_
   uint64_t *pfns = nullptr;                 // page frames recorded at registration
   size_t pfn_count = 0;

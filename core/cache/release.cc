@@ -25,28 +25,29 @@ void Cache::release_last(Region *region) noexcept {
       region->change_flags(Region::kUnreleased);
       hot_.add(Counter::UnreleasedBytes, region->length());
     }
-    Region *head = garbage_.load(std::memory_order_relaxed);
+    Region *head = dereg_batch_.load(std::memory_order_relaxed);
     do {
       region->gc_next = head;
-    } while (!garbage_.compare_exchange_weak(head, region, std::memory_order_release,
-                                             std::memory_order_relaxed));
-    if (garbage_bytes_.fetch_add(region->length(), std::memory_order_relaxed) + region->length() >
+    } while (!dereg_batch_.compare_exchange_weak(head, region, std::memory_order_release,
+                                                 std::memory_order_relaxed));
+    if (dereg_batch_bytes_.fetch_add(region->length(), std::memory_order_relaxed) +
+            region->length() >
         max_unreleased_) {
-      collect_garbage();
+      finish_dereg_batch();
     }
     return;
   }
   finish(region);
 }
 
-void Cache::collect_garbage() noexcept {
-  if (garbage_.load(std::memory_order_relaxed) == nullptr) return;
-  Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
-  while (garbage != nullptr) {
-    Region *next = garbage->gc_next;
-    garbage_bytes_.fetch_sub(garbage->length(), std::memory_order_relaxed);
-    finish(garbage);
-    garbage = next;
+void Cache::finish_dereg_batch() noexcept {
+  if (dereg_batch_.load(std::memory_order_relaxed) == nullptr) return;
+  Region *batched = dereg_batch_.exchange(nullptr, std::memory_order_acquire);
+  while (batched != nullptr) {
+    Region *next = batched->gc_next;
+    dereg_batch_bytes_.fetch_sub(batched->length(), std::memory_order_relaxed);
+    finish(batched);
+    batched = next;
   }
 }
 

@@ -110,7 +110,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
     deferred = take_deferred_locked();
   }
   finish_all(deferred);
-  collect_garbage();
+  finish_dereg_batch();
   if (status == MRC_OK) *out = hit;
   return status;
 }
@@ -132,13 +132,13 @@ void Cache::drain_locked() noexcept {
     case uffd::DrainResult::Forked: {
       // In a forked child: every inherited region is already marked kForgotten (CacheRegistry).
       purge_locked(false);
-      Region *garbage = garbage_.exchange(nullptr, std::memory_order_acquire);
-      while (garbage != nullptr) {
-        Region *next = garbage->gc_next;
-        defer_locked(garbage);
-        garbage = next;
+      Region *batched = dereg_batch_.exchange(nullptr, std::memory_order_acquire);
+      while (batched != nullptr) {
+        Region *next = batched->gc_next;
+        defer_locked(batched);
+        batched = next;
       }
-      garbage_bytes_.store(0, std::memory_order_relaxed);
+      dereg_batch_bytes_.store(0, std::memory_order_relaxed);
       break;
     }
   }
