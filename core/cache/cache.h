@@ -69,6 +69,14 @@
 //   invalidation queue under mutex_ first, as a slow path does (so an unmap that returned before
 //   the call is counted), finishes the regions that released outside the lock, then takes the
 //   figures under mutex_ again.
+//
+// THE CODE. region.h: a region, its flags, its count and its life (the state table);
+// parking_line.h: a thread's parked references; fork_registry.h: the process's caches, for fork.
+// create.cc: creating and destroying a cache. fast_path.cc: get and put without the mutex.
+// slow_path.cc: the slow path under mutex_ (drain, removal, purge, registration). parking.cc:
+// promotion and taking parked references back. evict.cc: the bound and eviction. release.cc:
+// dropping references, finishing and reaping regions. region_pool.cc: region memory.
+// invalidate.cc: mrc_invalidate. stats.cc: statistics.
 #pragma once
 
 #include <atomic>
@@ -77,137 +85,13 @@
 #include <mutex>
 
 #include "core/cache/counters.h"
+#include "core/cache/parking_line.h"
+#include "core/cache/region.h"
 #include "mrcache/mrcache.h"
 #include "pgtable/pgtable.h"
 #include "uffd/uffd.h"
 
-struct mrc_region {};  // the C API's opaque handle; Region derives from it
-
 namespace mrc {
-
-class Cache;
-
-// A completion callback of mrc_invalidate, run once after deregistration.
-struct InvalidateCallback {
-  void (*done)(void *);
-  void *arg;
-  InvalidateCallback *next;
-};
-
-struct Region : PgtRegion, mrc_region {
-  enum Flags : uint32_t {
-    kInTable = 1U << 0,     // reachable through the page table (holds one reference)
-    kInvalid = 1U << 1,     // no longer handed out; deregistered at the last reference
-    kRegistered = 1U << 2,  // the backend holds a registration (handle, key valid)
-    kFailed = 1U << 3,      // a remembered registration failure (negative entry)
-    kUncached = 1U << 4,    // never in the table: deregistered at the last put
-    kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
-    kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
-    kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
-                            // an uncached region waiting on garbage_)
-    kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
-  };
-  // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
-  // earned it too; in the flags word above its bits.
-  static constexpr unsigned kOwnerShift = 16;
-  static constexpr uint32_t kOwnerMask = 0xffU << kOwnerShift;
-  static constexpr unsigned kAnyOwner = 0xff;
-  static constexpr unsigned owner_of(uint32_t flags) noexcept {
-    return (flags & kOwnerMask) >> kOwnerShift;
-  }
-  // Whether the thread of slot `index` may park this region (given its flags).
-  static constexpr bool parks_for(uint32_t flags, unsigned index) noexcept {
-    return (flags & kParkable) != 0 && (owner_of(flags) == index || owner_of(flags) == kAnyOwner);
-  }
-
-  // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
-  // whose release found the count at zero; a region whose count has kDead is never acquired.
-  static constexpr uint64_t kDead = uint64_t{1} << 63;
-  std::atomic<uint64_t> refcount{0};
-  std::atomic<uint32_t> flags{0};
-  std::atomic<bool> referenced{false};  // CLOCK bit: used since the eviction hand last passed
-  unsigned prot = 0;
-  void *handle = nullptr;
-  uint64_t key = 0;
-  mrc_status_t failure = MRC_OK;  // for kFailed entries
-  Cache *cache = nullptr;
-  Region *lru_prev = nullptr;  // mutex_: the LRU ring (cached regions)
-  Region *lru_next = nullptr;
-  Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
-  Region *live_next = nullptr;
-  Region *gc_next = nullptr;  // the deferred, garbage and finished stacks, then the region pool
-  InvalidateCallback *callbacks = nullptr;  // mutex_
-  uint64_t *pfns = nullptr;                 // page frames recorded at registration
-  size_t pfn_count = 0;
-
-  // A fresh region in recycled storage: every field as a new Region has it. Field by field, not
-  // `new (this) Region()`: GCC zeroes the whole object with `rep stos`, whose start-up cost was
-  // a twentieth of a miss. The static_assert below the class catches a field added without
-  // a line here.
-  void reset() noexcept {
-    start = end = 0;
-    refcount.store(0, std::memory_order_relaxed);
-    flags.store(0, std::memory_order_relaxed);
-    referenced.store(false, std::memory_order_relaxed);
-    prot = 0;
-    handle = nullptr;
-    key = 0;
-    failure = MRC_OK;
-    cache = nullptr;
-    lru_prev = lru_next = live_prev = live_next = gc_next = nullptr;
-    callbacks = nullptr;
-    pfns = nullptr;
-    pfn_count = 0;
-  }
-  size_t length() const noexcept { return end - start; }
-  bool has(uint32_t flag) const noexcept {
-    return (flags.load(std::memory_order_acquire) & flag) != 0;
-  }
-  // Under mutex_, or by the thread finishing the region: the only writers (see SYNCHRONIZATION).
-  void change_flags(uint32_t set, uint32_t clear = 0) noexcept {
-    flags.store((flags.load(std::memory_order_relaxed) | set) & ~clear, std::memory_order_release);
-  }
-  // One locked instruction. An increment from zero (the count fell to zero but its releaser
-  // has not set kDead yet) is a valid resurrection: that releaser's CAS then fails and the
-  // caller, finding the region invalid, becomes the one to release it. Pairs with release's
-  // acq_rel decrement: a successful acquire sees every flag set before the references dropped.
-  bool try_acquire() noexcept {
-    return (refcount.fetch_add(1, std::memory_order_acquire) & kDead) == 0;
-  }
-  // True for the one caller that dropped the last reference and must retire the region. The
-  // last reference costs one locked instruction too: 1 -> kDead directly.
-  // When it returns false and `left` is given, *left is the count this drop left (references of
-  // others, which may be gone by the time the caller reads it).
-  bool drop_reference(uint64_t *left = nullptr) noexcept {
-    uint64_t one = 1;
-    if (refcount.load(std::memory_order_relaxed) == 1 &&
-        refcount.compare_exchange_strong(one, kDead, std::memory_order_acq_rel,
-                                         std::memory_order_relaxed)) {
-      return true;
-    }
-    const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
-    if (left != nullptr) *left = before - 1;
-    if (before != 1) return false;
-    uint64_t zero = 0;
-    return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
-                                            std::memory_order_relaxed);
-  }
-};
-
-static_assert(sizeof(Region) == 17 * sizeof(void *),
-              "a field was added: reset it in Region::reset()");
-
-// One thread's parked references in one cache (see SYNCHRONIZATION). `parked` is written by the
-// owning thread with plain stores, inside a guard or (as the mutex_ holder) under mutex_, and by
-// another mutex_ holder with a CAS; the rest only by the owner.
-struct alignas(64) ParkingLine {
-  static constexpr size_t kSlots = 4;
-  std::atomic<Region *> parked[kSlots] = {};
-  uint8_t reused[kSlots] = {};  // CLOCK bits: taken back since the hand last passed
-  uint32_t hand = 0;
-  const Region *streak_region = nullptr;  // identity only: the region hit last, unparked
-  uint32_t streak = 0;                    // consecutive hits on it
-};
 
 class Cache {
  public:
@@ -291,7 +175,7 @@ class Cache {
   void reap_finished_locked() noexcept;
   void retire_batch_locked() noexcept;
   void unlink_live_locked(Region *region) noexcept;
-  void collect_garbage() noexcept;
+  void finish_dereg_batch() noexcept;
   // Region memory: the epoch domain's reclaim callback (any thread) pushes each retired batch
   // on recycled_; mutex_ holders allocate from free_regions_ and refill it from recycled_ in one
   // exchange.
@@ -325,8 +209,9 @@ class Cache {
   size_t cached_regions_ = 0;    // mutex_: registered regions in the table
   size_t cached_bytes_ = 0;      // mutex_
   Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
-  std::atomic<Region *> garbage_{nullptr};  // last put of invalid regions (max_unreleased)
-  std::atomic<uint64_t> garbage_bytes_{0};
+  // Last put of invalid regions whose deregistration waits for a batch (max_unreleased).
+  std::atomic<Region *> dereg_batch_{nullptr};
+  std::atomic<uint64_t> dereg_batch_bytes_{0};
   std::atomic<Region *> finished_{nullptr};  // finished, not yet retired (SYNCHRONIZATION)
   // mutex_: unlinked from the live list, retired to the epoch domain in batches (one object
   // per batch).

@@ -1,0 +1,127 @@
+// Creating and destroying a cache: checking and copying the parameters, subscribing to the
+// monitor, joining the process's list of caches (fork_registry.h); at the end, deregistering
+// what is left and giving region memory back.
+//
+// SYNCHRONIZATION: see cache.h
+#include "core/cache/cache.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "base/check.h"
+#include "base/epoch.h"
+#include "base/pagemap.h"
+#include "core/cache/alignment.h"
+#include "core/cache/config.h"
+#include "core/cache/fork_registry.h"
+#include "core/cache/log.h"
+
+namespace mrc {
+
+mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexcept {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  constexpr unsigned kKnownFlags =
+      MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS;
+  if ((params.flags & ~kKnownFlags) != 0) {
+    return MRC_ERR_INVALID;
+  }
+  if (params.alignment != 0 &&
+      (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
+    return MRC_ERR_INVALID;
+  }
+  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
+  mrc_backend_t backend{};
+  // A plugin may leave operations out: they get not-supported defaults, never NULL checks here.
+  if (mrc_backend_complete(params.backend != nullptr ? params.backend : mrc_backend_null(),
+                           &backend) != MRC_OK) {
+    return MRC_ERR_INVALID;
+  }
+
+  Cache *cache = new (std::nothrow) Cache();
+  if (cache == nullptr) return MRC_ERR_NO_MEMORY;
+  if (params.name != nullptr) std::snprintf(cache->name_, sizeof(cache->name_), "%s", params.name);
+  cache->backend_ = backend;
+  cache->backend_ctx_ = params.backend_ctx;
+  cache->max_regions_ = params.max_regions;
+  cache->max_bytes_ = params.max_bytes;
+  cache->max_unreleased_ = params.max_unreleased;
+  cache->flags_ = params.flags;
+  cache->exact_ = (params.flags & MRC_FLAG_ORDERED_UNMAPS) == 0;
+  cache->alignment_ = params.alignment != 0 ? params.alignment : kPageSize;
+  cache->print_stats_ = config::stats_at_destroy();
+  if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {
+    char why[160];
+    if (!os::pagemap::available(why, sizeof why)) {
+      MRC_LOG_WARN("cache {}: PFN verification disabled: {}", cache->name_, why);
+      cache->flags_ &= ~static_cast<unsigned>(MRC_FLAG_VERIFY_PFN);
+    } else {
+      cache->verify_pfn_pages_ = params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1;
+    }
+  }
+  mrc_status_t status = uffd::Monitor::subscribe(&cache->consumer_);
+  if (status != MRC_OK) {
+    delete cache;
+    return status;
+  }
+  CacheRegistry::add(cache);
+  MRC_LOG_DEBUG("cache {} created (backend {}, monitor {})", cache->name_, backend.name,
+                cache->consumer_->mode() == MRC_MONITOR_UNCACHED ? "uncached" : "watching");
+  *out = cache;
+  return MRC_OK;
+}
+
+Cache::~Cache() {
+  if (consumer_ != nullptr) uffd::Monitor::unsubscribe(consumer_);
+}
+
+void Cache::destroy(Cache *cache) noexcept {
+  if (cache == nullptr) return;
+  CacheRegistry::remove(cache);
+  cache->purge(true);  // reclaims every parked reference too: only cached regions are parked
+  for (const ParkingLine &line : cache->parking_) {
+    for (const std::atomic<Region *> &slot : line.parked) {
+      MRC_DASSERT(slot.load(std::memory_order_relaxed) == nullptr);
+    }
+  }
+  cache->finish_dereg_batch();
+  // Whatever is left is still referenced by the application: deregister it anyway.
+  size_t in_use = 0;
+  Region *leftover = nullptr;
+  {
+    std::lock_guard lock(cache->mutex_);
+    cache->reap_finished_locked();
+    leftover = cache->live_head_;
+  }
+  for (Region *region = leftover; region != nullptr; region = region->live_next) {
+    ++in_use;
+    region->refcount.store(Region::kDead, std::memory_order_relaxed);
+    cache->finish(region);  // pushes it on finished_; the live list is walked, not changed
+  }
+  {
+    std::lock_guard lock(cache->mutex_);
+    cache->reap_finished_locked();
+    cache->retire_batch_locked();
+  }
+  if (in_use != 0) {
+    MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
+                 cache->name_, in_use);
+  }
+  if (cache->print_stats_) {
+    char buffer[4096];
+    if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
+  }
+  epoch_domain().synchronize();  // every retired region is back in the pool
+  for (Region *list : {cache->free_regions_, cache->recycled_.exchange(nullptr)}) {
+    while (list != nullptr) {
+      Region *next = list->gc_next;
+      delete list;
+      list = next;
+    }
+  }
+  delete cache;
+}
+
+}  // namespace mrc

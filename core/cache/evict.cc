@@ -1,0 +1,110 @@
+// Eviction: the bound (max_regions, max_bytes), the CLOCK hand over the LRU ring of cached
+// regions, the trim a put runs when the cache is over its bound, and evicting every unused
+// region when the backend runs out of registration resources.
+//
+// SYNCHRONIZATION: see cache.h ("Over the bound")
+#include "core/cache/cache.h"
+
+#include <atomic>
+#include <mutex>
+
+namespace mrc {
+
+void Cache::trim() noexcept {
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    evict_locked();
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+}
+
+bool Cache::over_bound_locked() const noexcept {
+  return (max_regions_ != 0 && table_entries_ > max_regions_) ||
+         (max_bytes_ != 0 && cached_bytes_ > max_bytes_);
+}
+
+void Cache::evict_locked() noexcept {
+  // CLOCK: two passes clear every reference bit, a third finds any unused region left. A region
+  // that only parked references hold is not in use: when such regions are in the way, their
+  // references are reclaimed and the hand goes round once more.
+  bool skipped_parkable = false;
+  for (int round = 0; round < 2 && over_bound_locked(); ++round) {
+    if (round == 1 && !(skipped_parkable && unpark_all_locked())) break;
+    size_t budget = 3 * table_entries_;
+    while (over_bound_locked() && lru_hand_ != nullptr && budget-- != 0) {
+      Region *region = lru_hand_;
+      lru_hand_ = region->lru_next;
+      if (region->refcount.load(std::memory_order_acquire) != 1) {  // in use: never
+        skipped_parkable = skipped_parkable || region->has(Region::kParkable);
+        continue;
+      }
+      if (region->referenced.load(std::memory_order_relaxed) && !region->has(Region::kFailed)) {
+        region->referenced.store(false, std::memory_order_relaxed);
+        continue;
+      }
+      ++slow_.evictions;
+      remove_locked(region);
+    }
+  }
+  // Still past the bound: every region left is in use, and the put that frees one trims.
+  if (over_bound_locked() && !over_bound_.load(std::memory_order_relaxed)) {
+    over_bound_.store(true, std::memory_order_relaxed);
+  }
+}
+
+// Evicts every cached region no one holds; returns how many. Their deregistration runs at once
+// (not after the lock) because the caller retries a registration that needs the resources.
+size_t Cache::evict_unused_locked() noexcept {
+  unpark_all_locked();  // out of resources: what is only parked is not in use
+  size_t evicted = 0;
+  Region *region = lru_hand_;
+  // Each step visits a different entry of the ring as it was: removals keep the others' order.
+  for (size_t budget = table_entries_; region != nullptr && budget-- != 0;) {
+    Region *next = region->lru_next;
+    if (region->refcount.load(std::memory_order_acquire) == 1 && !region->has(Region::kFailed)) {
+      ++slow_.evictions;
+      remove_locked(region);
+      ++evicted;
+    }
+    region = lru_hand_ != nullptr ? next : nullptr;
+  }
+  Region *deferred = deferred_;
+  deferred_ = nullptr;
+  while (deferred != nullptr) {
+    Region *next = deferred->gc_next;
+    if (deferred->has(Region::kRegistered) && !deferred->has(Region::kForgotten)) {
+      end_registration(deferred, true);
+    }
+    deferred->gc_next = deferred_;  // the rest of finish() runs after the lock
+    deferred_ = deferred;
+    deferred = next;
+  }
+  return evicted;
+}
+
+void Cache::ring_insert_locked(Region *&head, Region *region) noexcept {
+  if (head == nullptr) {
+    region->lru_prev = region->lru_next = region;
+    head = region;
+    return;
+  }
+  region->lru_next = head;
+  region->lru_prev = head->lru_prev;
+  head->lru_prev->lru_next = region;
+  head->lru_prev = region;
+}
+
+void Cache::ring_remove_locked(Region *&head, Region *region) noexcept {
+  if (region->lru_next == region) {
+    head = nullptr;
+  } else {
+    region->lru_prev->lru_next = region->lru_next;
+    region->lru_next->lru_prev = region->lru_prev;
+    if (head == region) head = region->lru_next;
+  }
+  region->lru_prev = region->lru_next = nullptr;
+}
+
+}  // namespace mrc

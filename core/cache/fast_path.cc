@@ -1,0 +1,193 @@
+// get and put without the mutex: the exact-mode probe, the lock-free lookup, taking a parked
+// reference back or parking one, the CLOCK bit, the hit streak that earns parking, put over the
+// bound, and the page-frame check of MRC_FLAG_VERIFY_PFN. A miss goes on in slow_path.cc.
+//
+// SYNCHRONIZATION: see cache.h
+#include "core/cache/cache.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include "base/epoch.h"
+#include "base/pagemap.h"
+#include "base/thread_slot.h"
+#include "core/cache/alignment.h"
+#include "core/cache/log.h"
+
+namespace mrc {
+namespace {
+
+constexpr unsigned kValidProt = MRC_PROT_READ | MRC_PROT_WRITE;
+
+}  // namespace
+
+mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsigned prot,
+                        Region **out) noexcept {
+  if (out == nullptr || length == 0 || prot == 0 || (prot & ~kValidProt) != 0) {
+    return MRC_ERR_INVALID;
+  }
+  if (alignment != 0 && (!is_power_of_two(alignment) || alignment < kPageSize)) {
+    return MRC_ERR_INVALID;
+  }
+  uintptr_t request_end = 0;
+  if (__builtin_add_overflow(address, length, &request_end)) return MRC_ERR_INVALID;
+  const uintptr_t align = std::max<uintptr_t>(alignment, alignment_);
+  const uintptr_t start = address & ~(align - 1);
+  uintptr_t end = 0;
+  if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
+  end &= ~(align - 1);
+
+  // Exact mode: the probe comes after the get began and before the fast path's quiescent()
+  // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
+  const uffd::Consumer::Unmaps unmaps =
+      exact_ ? consumer_->probe_unmaps() : uffd::Consumer::Unmaps::Read;
+  if (unmaps == uffd::Consumer::Unmaps::Read &&
+      get_fast(address, request_end, align - 1, prot, out)) {
+    return MRC_OK;
+  }
+  return get_slow(start, end, align - 1, prot, unmaps, out);
+}
+
+bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
+                     Region **out) noexcept {
+  if (!consumer_->quiescent()) return false;
+  const ThreadSlot &thread = this_thread_slot();
+  ParkingLine *line = thread.exclusive ? &parking_[thread.index] : nullptr;
+  Region *region = nullptr;
+  bool taken_back = false;
+  {
+    EpochGuard guard;
+    PgtRegion *found = table_.lookup(address);
+    if (found == nullptr) return false;
+    region = static_cast<Region *>(found);
+    // Bounds and prot never change once a region is published in the table; the start check
+    // also keeps a lookup that raced with a restructuring writer from handing out a neighbour.
+    // Every region is aligned to alignment_, so only a larger requested alignment can fail the
+    // last test: an OR and an AND of bounds already loaded.
+    if (region->start > address || region->end < request_end || (region->prot & prot) != prot ||
+        ((region->start | region->end) & align_mask) != 0) {
+      return false;
+    }
+    if (line != nullptr &&
+        Region::parks_for(region->flags.load(std::memory_order_relaxed), thread.index)) {
+      for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
+        if (line->parked[i].load(std::memory_order_relaxed) == region) {
+          line->parked[i].store(nullptr, std::memory_order_relaxed);
+          line->reused[i] = 1;
+          taken_back = true;
+          break;
+        }
+      }
+    }
+    if (!taken_back && !region->try_acquire()) return false;
+  }
+  uint32_t flags = region->flags.load(std::memory_order_acquire);
+  if ((flags & (Region::kInvalid | Region::kFailed)) != 0) {
+    release(region);
+    return false;
+  }
+  if (!region->referenced.load(std::memory_order_relaxed)) {
+    region->referenced.store(true, std::memory_order_relaxed);
+  }
+  if (verify_pfn_pages_ != 0 && !verify_pfns(region)) {
+    release(region);
+    return false;
+  }
+  if (!taken_back && line != nullptr && !Region::parks_for(flags, thread.index)) {
+    count_streak(*line, region);
+  }
+  hot_.add(thread, Counter::HitsFast);
+  *out = region;
+  return true;
+}
+
+void Cache::count_streak(ParkingLine &line, Region *region) noexcept {
+  if (line.streak_region != region) {
+    line.streak_region = region;
+    line.streak = 1;
+  } else if (++line.streak >= kPromoteAfter) {
+    line.streak = 0;  // tried again after as many hits if the promotion does not take
+    promote(region);
+  }
+}
+
+void Cache::put(Region *region) noexcept {
+  if (region->cache != this) {  // would park it where its cache never looks, or deregister it
+    MRC_LOG_ERROR("cache {}: mrc_put of a region of cache {} ignored", name_, region->cache->name_);
+    return;
+  }
+  const ThreadSlot &thread = this_thread_slot();
+  hot_.add(thread, Counter::Puts);
+  if (__builtin_expect(over_bound_.load(std::memory_order_relaxed), 0)) {
+    put_over_bound(region);
+    return;
+  }
+  if (thread.exclusive && park(thread.index, region)) return;
+  release(region);
+}
+
+// Every region was in use when the cache last went past its bound, so one of these puts is the
+// first to leave an excess region unused: it trims at once rather than waiting for a miss.
+void Cache::put_over_bound(Region *region) noexcept {
+  const bool cached = region->has(Region::kInTable);  // our reference keeps the region alive
+  uint64_t left = 0;
+  if (region->drop_reference(&left)) {
+    release_last(region);
+    return;
+  }
+  // Not read again after the drop: the region may be gone. left == 1 with a region removed in
+  // between is someone else's reference; the trim then finds nothing, which is harmless.
+  if (cached && left == 1) trim();
+}
+
+bool Cache::park(unsigned owner, Region *region) noexcept {
+  auto mine = [owner](uint32_t flags) { return Region::parks_for(flags, owner); };
+  // A hint outside the guard (most puts are of regions never promoted); decided inside it.
+  if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
+  ParkingLine &line = parking_[owner];
+  Region *replaced = nullptr;
+  {
+    EpochGuard guard;
+    if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
+    for (std::atomic<Region *> &slot : line.parked) {
+      if (slot.load(std::memory_order_relaxed) == nullptr) {
+        slot.store(region, std::memory_order_release);
+        return true;
+      }
+    }
+    // Full: the CLOCK hand picks a region not taken back since the hand last passed it.
+    uint32_t victim = line.hand;
+    while (line.reused[victim] != 0) {
+      line.reused[victim] = 0;
+      victim = (victim + 1) % ParkingLine::kSlots;
+    }
+    line.hand = (victim + 1) % ParkingLine::kSlots;
+    replaced = line.parked[victim].load(std::memory_order_relaxed);
+    // One being reclaimed stays: the reclaimer takes it out (and may be waiting for this guard).
+    if ((replaced->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+    line.parked[victim].store(region, std::memory_order_release);
+  }
+  release(replaced);
+  return true;
+}
+
+bool Cache::verify_pfns(Region *region) noexcept {
+  if (os::pagemap::matches(region->start, region->pfns, region->pfn_count)) return true;
+  pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);  // rare: a locked add is fine
+  MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
+                region->start, region->end);
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (region->has(Region::kInTable)) {
+      ++slow_.invalidations;
+      remove_locked(region);
+    }
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+  return false;
+}
+
+}  // namespace mrc

@@ -1,0 +1,29 @@
+// The process's caches, for fork: every cache joins this list at creation and leaves it at
+// destruction; pthread_atfork handlers walk it.
+//
+// SYNCHRONIZATION: the list is guarded by CacheRegistry::mutex(). prepare() takes it, then
+// every cache's mutex_, and the parent and child handlers release them; see cache.h for
+// mutex_ and docs/DESIGN.md ("Fork handlers") for the order of handlers.
+#pragma once
+
+#include <mutex>
+
+namespace mrc {
+
+class Cache;
+
+// Keeps fork safe: prepare takes every cache mutex (after purging caches that asked for it) so
+// that the child never inherits a mutex held by a thread that does not exist there.
+struct CacheRegistry {
+  static void add(Cache *cache);
+  static void remove(Cache *cache);
+
+ private:
+  static std::mutex &mutex();
+  static Cache *&head();
+  static void prepare();
+  static void after();
+  static void after_in_child();
+};
+
+}  // namespace mrc

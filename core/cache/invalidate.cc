@@ -1,0 +1,38 @@
+// mrc_invalidate: a region leaves the table at once; its callback runs after its
+// deregistration, at its last put (release.cc).
+//
+// SYNCHRONIZATION: see cache.h
+#include "core/cache/cache.h"
+
+#include <mutex>
+#include <new>
+
+namespace mrc {
+
+mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) noexcept {
+  if (region == nullptr || region->cache != this || region->has(Region::kFailed)) {
+    return MRC_ERR_INVALID;
+  }
+  InvalidateCallback *callback = nullptr;
+  Region *deferred = nullptr;
+  if (done != nullptr) {
+    callback = new (std::nothrow) InvalidateCallback{done, arg, nullptr};
+    if (callback == nullptr) return MRC_ERR_NO_MEMORY;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (callback != nullptr) {
+      callback->next = region->callbacks;
+      region->callbacks = callback;
+    }
+    if (region->has(Region::kInTable)) {
+      ++slow_.invalidations;
+      remove_locked(region);
+    }
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+  return MRC_OK;
+}
+
+}  // namespace mrc

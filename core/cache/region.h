@@ -1,0 +1,246 @@
+// A region: one registration of [start, end) in a cache, its flags and its reference count, and
+// its life from allocation to recycling (the table below).
+//
+// SYNCHRONIZATION: see cache.h (who writes flags, the count and the lists named here)
+//
+// THE LIFE OF A REGION. Each state, where the region sits, what marks it, and the call that
+// moves it on ("mutex_" is Cache::mutex_, "count" is refcount, "live list" is live_head_).
+// Every move runs on an application thread inside a cache call, except recycle_regions (any
+// thread that runs the epoch domain's reclamation) and CacheRegistry::after_in_child (a fork
+// child's only thread). The monitor thread never touches a region.
+//
+//  state          sits on                            marked by
+//  -------------  ---------------------------------  ------------------------------------------
+//  Free           free_regions_ (mutex_, at most     nothing: fields are stale until reset()
+//                 kFreeRegionsMax, beyond it freed),
+//                 recycled_ (lock-free stack), or
+//                 not allocated yet
+//    -> Failed, Cached or Uncached: register_locked (slow path, mutex_) takes storage from
+//       allocate_region_locked (which refills free_regions_ from recycled_ in one exchange). A
+//       failure it does not remember goes straight back (free_region_locked), seen by no one.
+//
+//  Failed         page table, LRU ring, live list    kFailed | kInTable | kWatched; count 1 (the
+//  (a remembered                                     table's), 2 for a moment while a fast-path
+//  failure)                                          get that found it puts it back (get_fast)
+//    -> Invalidated (then Deferred, as the table's was the only reference): remove_locked
+//       (mutex_), called by drain_locked (an unmap event, invalidate_range_locked),
+//       evict_locked (its CLOCK bit is ignored; evict_unused_locked skips it), register_locked
+//       (a get overlapping it registers again) or purge_locked. mrc_invalidate refuses it.
+//
+//  Cached         page table, LRU ring (CLOCK hand   kRegistered | kInTable | kWatched;
+//                 lru_hand_), live list              `referenced` is the CLOCK bit; count = 1
+//                                                    (the table's) + one per get not yet put +
+//                                                    one per parked reference: 1 is unused (the
+//                                                    only count eviction takes), more is in use
+//    get_fast (no lock) and get_slow (mutex_) add references; put drops them (release), or
+//    parks them once the region is Parkable.
+//    -> Parkable: promote (mutex_), after kPromoteAfter consecutive fast-path hits of one
+//       thread (count_streak).
+//    -> Invalidated: remove_locked (mutex_), called by drain_locked (an unmap event),
+//       evict_locked and evict_unused_locked (unused regions only), register_locked (merged
+//       into a new region, or overlapping one it cannot merge with), verify_pfns (its page
+//       frames changed), invalidate (mrc_invalidate) or purge_locked (a queue overflow, a fork
+//       child's first drain, mrc_cache_purge, MRC_FLAG_PURGE_ON_FORK, destroy).
+//
+//  Parkable       as Cached; its parked references   Cached's flags + kParkable + the owner
+//                 in ParkingLine::parked of the      (kOwnerMask: a thread slot, or kAnyOwner
+//                 owner's line (of any line for      once a second thread earned it); a parked
+//                 kAnyOwner)                         reference counts in the count
+//    The owner's put parks its reference (park: a plain store to its own line) and its next
+//    get takes it back (get_fast); a full line's CLOCK pushes another region out (release).
+//    -> Cached: unpark_all_locked (mutex_: eviction wants the regions no one really uses;
+//       evict_locked, evict_unused_locked) clears kParkable and the owner and takes the parked
+//       references back: at once from the caller's own line (unpark_locked), else from the
+//       marked lines by reclaim_parked_locked after EpochDomain::wait_for_readers(), before
+//       mutex_ is released (take_deferred_locked).
+//    -> Invalidated: remove_locked, which unparks the same way.
+//
+//  Uncached       live list only                     kRegistered | kUncached | kInvalid (never
+//  (exactly one                                      kWatched); count 1 (its one user's)
+//  get's request)
+//    Made by register_locked when the get cannot trust the table (an unmap in flight outlasted
+//    the wait, or the probe was refused: get_slow), when the range is not watched (an uncached
+//    monitor, the VMA budget), or when the table had no memory for the insert.
+//    -> Batched or Finished: its put (release, release_last).
+//
+//  Invalidated    live list only (off the table and  kInvalid; kInTable, kParkable and the
+//  (waiting for   the ring); parked references stay  owner cleared; kUnreleased when
+//  its last       in lines only until the same       kRegistered (counted in unreleased bytes
+//  reference)     mutex_ holder reclaims them        by remove_locked); count >= 1
+//    -> The count reaches zero: drop_reference sets kDead, for the one thread that dropped the
+//       last reference. Under mutex_ (remove_locked dropping the table's, unpark_locked or
+//       reclaim_parked_locked a parked one): -> Deferred. Outside it (put through release or
+//       put_over_bound, park's CLOCK pushing a parked one out, get_fast putting back a region it
+//       found invalid): release_last -> Batched, or Finished (finish).
+//
+//  Deferred       live list, and deferred_ (mutex_,  count kDead (no flag tells Deferred,
+//                 through gc_next)                   Batched and Finished apart: the stack does)
+//    -> Finished: the mutex_ holder takes the stack (take_deferred_locked) and finishes each
+//       region after unlocking (finish_all). evict_unused_locked deregisters them at once,
+//       under mutex_ (end_registration), and leaves the rest of finish for after the lock.
+//
+//  Batched        live list, and dereg_batch_ (lock- count kDead; kRegistered, not kForgotten;
+//                 free stack through gc_next; its    kUnreleased (set by release_last for an
+//                 bytes in dereg_batch_bytes_):      Uncached region). Only when
+//                 deregistration waits for a batch   max_unreleased != 0
+//                 (max_unreleased)
+//    -> Finished: finish_dereg_batch takes the whole stack; run by the put whose push takes
+//       the bytes past max_unreleased, after a slow-path get that drained (get_slow), by
+//       destroy.
+//    -> Deferred: in a fork child, the first drain (DrainResult::Forked) moves the stack.
+//
+//  Finished       live list, and finished_ (lock-    count kDead; kRegistered cleared
+//  (deregistered, free stack; finish's push, a       (end_registration; no deregistration when
+//  callbacks run) release CAS, is its last write)    kForgotten); callbacks and pfns freed
+//    -> Retiring: reap_finished_locked (mutex_: every kReapEvery-th slow-path get, purge,
+//       destroy) takes the stack (acquire exchange) and unlinks each region from the live list.
+//
+//  Retiring       retiring_ (mutex_, up to           count kDead
+//                 kRetireBatch); on no list
+//    -> Retired: retire_batch_locked (mutex_: when the batch is full, purge, destroy) unwatches
+//       the ranges of the kWatched regions that are not kForgotten in one call and hands the
+//       batch, chained through gc_next, to the epoch domain.
+//
+//  Retired        the epoch domain                   count kDead
+//    -> Free: recycle_regions, the domain's reclaim callback (once no fast-path reader can hold
+//       the region), pushes the chain on recycled_.
+//
+// Across states:
+// - kForgotten (fork). In a fork child, CacheRegistry::after_in_child marks every region on the
+//   live list and in retiring_; the child's first drain (DrainResult::Forked) removes every
+//   table entry (purge_locked(false), which marks them too) and moves Batched to Deferred. A
+//   kForgotten region is never deregistered (finish), batched (release_last) or unwatched
+//   (retire_batch_locked): its registration and its watch were the parent's.
+// - Invalidate callbacks (mrc_invalidate). invalidate (mutex_) chains one on `callbacks` of a
+//   Cached, Parkable, Invalidated or Uncached region (a Failed one is refused) and removes the
+//   region from the table; finish runs them after the deregistration.
+// - destroy. purge(true), finish_dereg_batch and a reap leave on the live list only the regions
+//   the application still holds (Invalidated, Uncached); each is forced to kDead and finished
+//   (deregistered anyway), then reaped and retired; after the epoch domain's synchronize, Free
+//   storage is deleted.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "mrcache/mrcache.h"
+#include "pgtable/pgtable.h"
+
+struct mrc_region {};  // the C API's opaque handle; Region derives from it
+
+namespace mrc {
+
+class Cache;
+
+// A completion callback of mrc_invalidate, run once after deregistration.
+struct InvalidateCallback {
+  void (*done)(void *);
+  void *arg;
+  InvalidateCallback *next;
+};
+
+struct Region : PgtRegion, mrc_region {
+  enum Flags : uint32_t {
+    kInTable = 1U << 0,     // reachable through the page table (holds one reference)
+    kInvalid = 1U << 1,     // no longer handed out; deregistered at the last reference
+    kRegistered = 1U << 2,  // the backend holds a registration (handle, key valid)
+    kFailed = 1U << 3,      // a remembered registration failure (negative entry)
+    kUncached = 1U << 4,    // never in the table: deregistered at the last put
+    kForgotten = 1U << 5,   // inherited across fork: freed without deregistration
+    kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
+    kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
+                            // an uncached region waiting on dereg_batch_)
+    kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
+  };
+  // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
+  // earned it too; in the flags word above its bits.
+  static constexpr unsigned kOwnerShift = 16;
+  static constexpr uint32_t kOwnerMask = 0xffU << kOwnerShift;
+  static constexpr unsigned kAnyOwner = 0xff;
+  static constexpr unsigned owner_of(uint32_t flags) noexcept {
+    return (flags & kOwnerMask) >> kOwnerShift;
+  }
+  // Whether the thread of slot `index` may park this region (given its flags).
+  static constexpr bool parks_for(uint32_t flags, unsigned index) noexcept {
+    return (flags & kParkable) != 0 && (owner_of(flags) == index || owner_of(flags) == kAnyOwner);
+  }
+
+  // References: the table's (while kInTable) and one per get. kDead is set once, by the thread
+  // whose release found the count at zero; a region whose count has kDead is never acquired.
+  static constexpr uint64_t kDead = uint64_t{1} << 63;
+  std::atomic<uint64_t> refcount{0};
+  std::atomic<uint32_t> flags{0};
+  std::atomic<bool> referenced{false};  // CLOCK bit: used since the eviction hand last passed
+  unsigned prot = 0;
+  void *handle = nullptr;
+  uint64_t key = 0;
+  mrc_status_t failure = MRC_OK;  // for kFailed entries
+  Cache *cache = nullptr;
+  Region *lru_prev = nullptr;  // mutex_: the LRU ring (cached regions)
+  Region *lru_next = nullptr;
+  Region *live_prev = nullptr;  // mutex_: every region of the cache until it is retired
+  Region *live_next = nullptr;
+  Region *gc_next = nullptr;  // the deferred, dereg-batch and finished stacks, then the region pool
+  InvalidateCallback *callbacks = nullptr;  // mutex_
+  uint64_t *pfns = nullptr;                 // page frames recorded at registration
+  size_t pfn_count = 0;
+
+  // A fresh region in recycled storage: every field as a new Region has it. Field by field, not
+  // `new (this) Region()`: GCC zeroes the whole object with `rep stos`, whose start-up cost was
+  // a twentieth of a miss. The static_assert below the class catches a field added without
+  // a line here.
+  void reset() noexcept {
+    start = end = 0;
+    refcount.store(0, std::memory_order_relaxed);
+    flags.store(0, std::memory_order_relaxed);
+    referenced.store(false, std::memory_order_relaxed);
+    prot = 0;
+    handle = nullptr;
+    key = 0;
+    failure = MRC_OK;
+    cache = nullptr;
+    lru_prev = lru_next = live_prev = live_next = gc_next = nullptr;
+    callbacks = nullptr;
+    pfns = nullptr;
+    pfn_count = 0;
+  }
+  size_t length() const noexcept { return end - start; }
+  bool has(uint32_t flag) const noexcept {
+    return (flags.load(std::memory_order_acquire) & flag) != 0;
+  }
+  // Under mutex_, or by the thread finishing the region: the only writers (see SYNCHRONIZATION).
+  void change_flags(uint32_t set, uint32_t clear = 0) noexcept {
+    flags.store((flags.load(std::memory_order_relaxed) | set) & ~clear, std::memory_order_release);
+  }
+  // One locked instruction. An increment from zero (the count fell to zero but its releaser
+  // has not set kDead yet) is a valid resurrection: that releaser's CAS then fails and the
+  // caller, finding the region invalid, becomes the one to release it. Pairs with release's
+  // acq_rel decrement: a successful acquire sees every flag set before the references dropped.
+  bool try_acquire() noexcept {
+    return (refcount.fetch_add(1, std::memory_order_acquire) & kDead) == 0;
+  }
+  // True for the one caller that dropped the last reference and must retire the region. The
+  // last reference costs one locked instruction too: 1 -> kDead directly.
+  // When it returns false and `left` is given, *left is the count this drop left (references of
+  // others, which may be gone by the time the caller reads it).
+  bool drop_reference(uint64_t *left = nullptr) noexcept {
+    uint64_t one = 1;
+    if (refcount.load(std::memory_order_relaxed) == 1 &&
+        refcount.compare_exchange_strong(one, kDead, std::memory_order_acq_rel,
+                                         std::memory_order_relaxed)) {
+      return true;
+    }
+    const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
+    if (left != nullptr) *left = before - 1;
+    if (before != 1) return false;
+    uint64_t zero = 0;
+    return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
+                                            std::memory_order_relaxed);
+  }
+};
+
+static_assert(sizeof(Region) == 17 * sizeof(void *),
+              "a field was added: reset it in Region::reset()");
+
+}  // namespace mrc

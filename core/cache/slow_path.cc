@@ -1,0 +1,374 @@
+// The slow path: a get that missed (or found an unmap in flight) takes mutex_, applies the
+// invalidation queue to the table (drain), and looks up, merges, watches and registers;
+// removing a region from the table and purging the table are here too.
+//
+// SYNCHRONIZATION: see cache.h
+#include "core/cache/cache.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <mutex>
+#include <new>
+
+#include "base/check.h"
+#include "base/pagemap.h"
+#include "base/proc_maps.h"
+#include "core/cache/alignment.h"
+#include "core/cache/log.h"
+
+namespace mrc {
+namespace {
+
+// Regions handled per page-table walk while collecting overlaps (bounded stack space).
+constexpr size_t kBatch = 32;
+
+// Whether a registration failure lasts until the memory changes (the backend refuses this
+// memory, or cannot register at all): only those are remembered. Running out of a resource
+// (MRC_ERR_NO_MEMORY: RLIMIT_MEMLOCK, a full buffer table), a busy queue or an I/O error ends by
+// itself, and remembering it would fail the range while a fresh one registers fine.
+constexpr bool failure_lasts(mrc_status_t status) {
+  return status == MRC_ERR_INVALID || status == MRC_ERR_UNSUPPORTED || status == MRC_ERR_BACKEND;
+}
+
+// Collects up to kBatch regions overlapping [from, to), in address order.
+size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
+                           Region *(&out)[kBatch]) noexcept {
+  size_t count = 0;
+  table.for_each_overlapping(from, to, [&](PgtRegion *found) {
+    if (count < kBatch) out[count++] = static_cast<Region *>(found);
+  });
+  return count;
+}
+
+// Whether the memory of [start, end) allows `prot` (its real protection, from the kernel).
+bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
+  for (uintptr_t address = start; address < end;) {
+    os::Vma mapping{};
+    if (os::query_vma(address, &mapping) != MRC_OK || mapping.start > address) return false;
+    if ((prot & MRC_PROT_READ) != 0 && (mapping.prot & PROT_READ) == 0) return false;
+    if ((prot & MRC_PROT_WRITE) != 0 && (mapping.prot & PROT_WRITE) == 0) return false;
+    address = mapping.end;
+  }
+  return true;
+}
+
+}  // namespace
+
+mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
+                             uffd::Consumer::Unmaps unmaps, Region **out) noexcept {
+  // An unmap in flight may have freed this memory before it was mapped again: wait until the
+  // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
+  // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table
+  // entry can be trusted for this get: it registers the memory as it is now, uncached.
+  if (unmaps == uffd::Consumer::Unmaps::InFlight) {
+    hot_.add(Counter::UnmapWaits);
+    unmaps = consumer_->settle_unmaps();
+  }
+  mrc_status_t status = MRC_OK;
+  Region *hit = nullptr;
+  Region *deferred = nullptr;
+  if (unmaps != uffd::Consumer::Unmaps::Read) {
+    if (unmaps == uffd::Consumer::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
+    {
+      std::lock_guard lock(mutex_);
+      ++slow_.gets_slow;
+      ++slow_.misses;
+      status = register_locked(start, end, align_mask, prot, /*cacheable=*/false, &hit);
+      deferred = take_deferred_locked();
+    }
+    finish_all(deferred);
+    if (status == MRC_OK) *out = hit;
+    return status;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    ++slow_.gets_slow;
+    // Finished regions wait a few slow paths (deregistered already; only their memory and their
+    // watches wait): one exchange then takes them all.
+    if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
+    drain_locked();
+    auto *region = static_cast<Region *>(table_.lookup(start));
+    if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
+        ((region->start | region->end) & align_mask) == 0) {
+      if (region->has(Region::kFailed)) {
+        // A remembered failure: the memory has not changed since (no event removed it).
+        ++slow_.registration_failures;
+        status = region->failure;
+      } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
+        region->referenced.store(true, std::memory_order_relaxed);
+        ++slow_.hits_slow;
+        hit = region;
+      }
+    }
+    if (status == MRC_OK && hit == nullptr) {
+      ++slow_.misses;
+      status = register_locked(start, end, align_mask, prot, /*cacheable=*/true, &hit);
+    }
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+  finish_dereg_batch();
+  if (status == MRC_OK) *out = hit;
+  return status;
+}
+
+void Cache::drain_locked() noexcept {
+  uffd::DrainResult result = consumer_->drain([this](const uffd::Invalidation &record) {
+    ++slow_.unmap_events;
+    invalidate_range_locked(record.start, record.end);
+  });
+  switch (result) {
+    case uffd::DrainResult::Ok: break;
+    case uffd::DrainResult::Overflow:
+      // Records were lost: nothing cached can be trusted. The next drain moves past the gap.
+      MRC_LOG_INFO("cache {}: invalidation queue overflowed; purging every region", name_);
+      ++slow_.purges;
+      purge_locked(true);
+      drain_locked();
+      break;
+    case uffd::DrainResult::Forked: {
+      // In a forked child: every inherited region is already marked kForgotten (CacheRegistry).
+      purge_locked(false);
+      Region *batched = dereg_batch_.exchange(nullptr, std::memory_order_acquire);
+      while (batched != nullptr) {
+        Region *next = batched->gc_next;
+        defer_locked(batched);
+        batched = next;
+      }
+      dereg_batch_bytes_.store(0, std::memory_order_relaxed);
+      break;
+    }
+  }
+}
+
+void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
+  start &= ~(kPageSize - 1);
+  end = (end + kPageSize - 1) & ~(kPageSize - 1);
+  Region *batch[kBatch];
+  for (size_t count; (count = collect_overlapping(table_, start, end, batch)) != 0;) {
+    for (size_t i = 0; i < count; ++i) {
+      ++slow_.invalidations;
+      remove_locked(batch[i]);
+    }
+  }
+}
+
+void Cache::remove_locked(Region *region) noexcept {
+  MRC_CHECK(table_.remove(region) == MRC_OK);
+  --table_entries_;
+  // A removal may bring the cache back within its bound: the flag goes then, or puts would keep
+  // trimming for nothing and not parking.
+  const bool was_over = over_bound_.load(std::memory_order_relaxed);
+  const uint32_t flags = region->flags.load(std::memory_order_relaxed);
+  const bool registered = (flags & Region::kRegistered) != 0;
+  if ((flags & Region::kParkable) != 0) unpark_locked(region);
+  region->change_flags(Region::kInvalid, Region::kInTable);
+  ring_remove_locked(lru_hand_, region);
+  if (registered) {
+    --cached_regions_;
+    cached_bytes_ -= region->length();
+  }
+  if (was_over && !over_bound_locked()) over_bound_.store(false, std::memory_order_relaxed);
+  if (registered) {
+    // Flagged before the table's reference goes: the last put may follow at once.
+    region->change_flags(Region::kUnreleased);
+    slow_.unreleased_bytes += region->length();
+  }
+  if (region->drop_reference()) defer_locked(region);
+}
+
+void Cache::purge_locked(bool deregister) noexcept {
+  Region *batch[kBatch];
+  for (size_t count; (count = collect_overlapping(table_, 0, ~uintptr_t{0}, batch)) != 0;) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!deregister) batch[i]->change_flags(Region::kForgotten);
+      remove_locked(batch[i]);
+    }
+  }
+}
+
+void Cache::purge(bool deregister) noexcept {
+  Region *deferred = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    purge_locked(deregister);
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+  // Nothing left waiting: every purged range unwatched, every region handed to the epoch domain.
+  std::lock_guard lock(mutex_);
+  reap_finished_locked();
+  retire_batch_locked();
+}
+
+mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
+                                    unsigned prot, bool cacheable, Region **out) noexcept {
+  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
+  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
+  // may reach further regions: the loop runs until nothing changes.
+  uintptr_t merged_start = start;
+  uintptr_t merged_end = end;
+  unsigned merged_prot = prot;
+  Region *batch[kBatch];
+  while (cacheable) {
+    const uintptr_t from = merged_start != 0 ? merged_start - 1 : 0;
+    const uintptr_t to = merged_end != ~uintptr_t{0} ? merged_end + 1 : merged_end;
+    bool changed = false;
+    size_t count = collect_overlapping(table_, from, to, batch);
+    for (size_t i = 0; i < count; ++i) {
+      Region *region = batch[i];
+      const bool overlaps = region->start < merged_end && region->end > merged_start;
+      if (region->has(Region::kFailed)) {
+        if (overlaps) {
+          remove_locked(region);  // retried now: forget the old failure
+          changed = true;
+        }
+        continue;
+      }
+      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
+      // No overflow: table addresses are below 2^57, and get() refused an alignment whose
+      // rounding of the request overflows.
+      const uintptr_t union_end =
+          (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
+      const unsigned union_prot = merged_prot | region->prot;
+      const bool widens = union_prot != region->prot || union_prot != merged_prot;
+      if (!widens || memory_allows(union_start, union_end, union_prot)) {
+        merged_start = union_start;
+        merged_end = union_end;
+        merged_prot = union_prot;
+        ++slow_.merges;
+        remove_locked(region);
+        changed = true;
+      } else if (overlaps) {
+        // Cannot merge and cannot coexist: it leaves the table, its users keep it.
+        ++slow_.invalidations;
+        remove_locked(region);
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+
+  // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
+  bool watched = cacheable && consumer_->watch(merged_start, merged_end - merged_start) ==
+                                  uffd::WatchResult::Watched;
+  void *handle = nullptr;
+  uint64_t key = 0;
+  mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
+                                     merged_end - merged_start, merged_prot, &handle, &key);
+  if (status == MRC_ERR_NO_MEMORY && evict_unused_locked() != 0) {
+    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): give back what no
+    // one uses and try once more.
+    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
+                          merged_end - merged_start, merged_prot, &handle, &key);
+  }
+  if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
+    MRC_LOG_DEBUG(
+        "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
+        "alone",
+        name_, merged_start, merged_end, mrc_status_string(status));
+    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    merged_start = start;
+    merged_end = end;
+    merged_prot = prot;
+    watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
+    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot, &handle,
+                          &key);
+  }
+
+  Region *region = allocate_region_locked();
+  if (region == nullptr) {
+    if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
+    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    return MRC_ERR_NO_MEMORY;
+  }
+  region->start = merged_start;
+  region->end = merged_end;
+  region->prot = merged_prot;
+  region->cache = this;
+
+  if (status != MRC_OK) {
+    ++slow_.registration_failures;
+    MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
+                  merged_start, merged_end, mrc_status_string(status));
+    // Not remembered when nothing would tell us that the memory changed, or when the failure
+    // may end without any change: the next get asks the backend again.
+    if (!watched || !failure_lasts(status)) {
+      if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+      free_region_locked(region);
+      return status;
+    }
+    // Remember the failure until the memory changes, so a retry storm never reaches the backend.
+    region->failure = status;
+    region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
+                        std::memory_order_relaxed);
+    region->refcount.store(1, std::memory_order_relaxed);
+    if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
+      consumer_->unwatch(merged_start, merged_end - merged_start);
+      free_region_locked(region);
+      return status;
+    }
+    ++table_entries_;
+    live_insert_locked(region);
+    ring_insert_locked(lru_hand_, region);
+    evict_locked();
+    return status;
+  }
+
+  region->handle = handle;
+  region->key = key;
+  ++slow_.registrations;
+  slow_.registered_bytes += region->length();
+  ++slow_.size_histogram[63 - std::countl_zero(static_cast<uint64_t>(region->length()))];
+  if (verify_pfn_pages_ != 0) {
+    region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
+    region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
+    if (region->pfns == nullptr ||
+        !os::pagemap::read(region->start, region->pfns, region->pfn_count)) {
+      delete[] region->pfns;
+      region->pfns = nullptr;
+      region->pfn_count = 0;
+    }
+  }
+  live_insert_locked(region);
+  if (watched) {
+    // Complete before the insert publishes it (release) to fast-path readers. Inserted without
+    // the CLOCK bit: a region earns its second chance by being used again.
+    region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched,
+                        std::memory_order_relaxed);
+    region->refcount.store(2, std::memory_order_relaxed);  // the table's and the caller's
+    // Overlaps were removed above, so the insert fails only for want of memory for table nodes
+    // (or an address beyond the table's 57 bits): then the registration is handed out uncached.
+    if (table_.insert(region) != MRC_OK) {
+      consumer_->unwatch(merged_start, merged_end - merged_start);
+      watched = false;
+    }
+  }
+  if (!watched) {
+    ++slow_.uncacheable;
+    region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
+                        std::memory_order_relaxed);
+    region->refcount.store(1, std::memory_order_relaxed);
+    *out = region;
+    return MRC_OK;
+  }
+  ++table_entries_;
+  ++cached_regions_;
+  cached_bytes_ += region->length();
+  ring_insert_locked(lru_hand_, region);
+  evict_locked();
+  *out = region;
+  return MRC_OK;
+}
+
+void Cache::live_insert_locked(Region *region) noexcept {
+  region->live_prev = nullptr;
+  region->live_next = live_head_;
+  if (live_head_ != nullptr) live_head_->live_prev = region;
+  live_head_ = region;
+}
+
+}  // namespace mrc
