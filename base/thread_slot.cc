@@ -12,7 +12,7 @@ namespace {
 // Slot ownership: a bitmap under a mutex, touched once per thread start and exit.
 std::mutex g_slot_mutex;
 std::array<bool, kThreadSlots> g_slot_taken{};  // guarded by g_slot_mutex
-unsigned g_next_shared = 0;                                // guarded by g_slot_mutex
+unsigned g_next_shared = 0;                     // guarded by g_slot_mutex
 
 // Gives the slot back when the thread exits.
 struct SlotReturn {
