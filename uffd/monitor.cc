@@ -1,22 +1,30 @@
 // The process-wide userfaultfd monitor: mode negotiation, the monitor thread, subscription,
-// fork handling and mrc_monitor_info().
+// watches, fork handling and mrc_monitor_info().
 //
 // SYNCHRONIZATION
+//   The monitor thread waits on the userfaultfd (readiness only) and on a control eventfd
+//   through io_uring; raises the queue's `pending`, read()s a batch of uffd_msg, publishes
+//   records, lowers `pending`. It never allocates, frees, logs, takes a lock, or calls a backend:
+//   anything it freed could be registered memory whose munmap waits for the monitor itself.
 //   g.mutex (the registry mutex) guards: the subscriber list and count, start/stop and every
 //   field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
-//   the watch table (g.watches) and the internal consumer that keeps it in step with the queue.
-//   Not guarded: the watch table's fast path (Consumer::watch/unwatch_many of memory whose piece
-//   already counts a watch), which reads the internal consumer's quiescent() and the table's
-//   published snapshot inside an EpochGuard and changes only a piece's count (watch.h).
-//   Lock order: g.mutex, then the /proc/self/maps slot mutexes (maps.cc). The fork handlers
-//   take both before fork and release them after, so the child inherits them unlocked and
-//   consistent.
+//   the watch table (g.watches) and the internal subscription that keeps it in step with the
+//   queue. subscribe, unsubscribe, Monitor::info, and the watch and unwatch calls that change
+//   more than a count take it.
+//   Not guarded: the watch table's fast path (watch/unwatch_many of memory whose piece already
+//   counts a watch, watches.h), which reads the internal subscription's quiescent() and the
+//   table's published snapshot inside an EpochGuard and changes only a piece's count
+//   (watch_table.h).
+//   Lock order: g.mutex, then the /proc/self/maps slot mutexes (base/proc_maps.cc). The fork
+//   handlers take both before fork and release them after, so the child inherits them unlocked
+//   and consistent.
 //   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
 //   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
 //   g.events (relaxed counter, read by info()), and the kernel's objects.
-//   g.mode is an atomic read without the lock by Consumer::mode() (relaxed: a stale mode only
-//   affects a report). g.probe_fd is read without the lock by Consumer::probe_unmaps() (acquire,
-//   pairing with start_locked()'s release; see the field for why it cannot change under a get).
+//   g.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale mode
+//   only affects a report). g.probe_fd is read without the lock by
+//   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see the field
+//   for why it cannot change under a get).
 //   Starting: the starter (holding g.mutex) waits on a futex until the monitor thread has stored
 //   the loop it runs in run.loop (release; the starter's acquire load pairs with it):
 //   start_locked() returns only once the thread is out of the threading runtime's start-up (see
@@ -56,8 +64,12 @@
 #include "base/proc_maps.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
+#include "uffd/modes.h"
+#include "uffd/subscription.h"
+#include "uffd/testing.h"
 #include "uffd/uffd.h"
-#include "uffd/watch.h"
+#include "uffd/watch_table.h"
+#include "uffd/watches.h"
 
 namespace mrc::uffd {
 
@@ -116,11 +128,13 @@ struct MonitorRun {
 
 }  // namespace
 
+namespace detail {
+
 struct MonitorState {
   std::mutex mutex;
   InvalidationQueue queue;
-  Consumer internal{&queue};  // the watch table's own cursor
-  Consumer *consumers = nullptr;
+  Subscription internal{&queue};  // the watch table's own cursor
+  Subscription *subscriptions = nullptr;
   size_t subscribers = 0;
 
   // The negotiated mode (of the current run, or of the last negotiation).
@@ -142,7 +156,7 @@ struct MonitorState {
   size_t stack_bytes = 0;
   MonitorRun run;
   std::atomic<uint64_t> events{0};
-  // The descriptor gets probe for unmaps in flight (Consumer::probe_unmaps, any thread, no
+  // The descriptor gets probe for unmaps in flight (Subscription::probe_unmaps, any thread, no
   // lock): the running monitor's userfaultfd, kProbeNoMonitor, or kProbeRefused. Stored
   // (release) by start_locked() before any range is watched, kProbeNoMonitor before the
   // descriptor is closed; it changes only while no cache exists, or in a forked child.
@@ -154,20 +168,26 @@ struct MonitorState {
   std::atomic<int64_t> idle_vmas{-1};
   std::atomic<bool> force_poll{false};
 
-  detail::WatchSet watches;
+  detail::WatchTable watches;
 
-  // Consumer internals (MonitorState is its friend).
-  static void attach(Consumer *consumer, uint64_t head) noexcept {
-    consumer->cursor_.store(head, std::memory_order_relaxed);
-    consumer->resync_ = false;
-    consumer->forked_.store(false, std::memory_order_relaxed);
+  // Subscription internals (MonitorState is its friend).
+  static void attach(Subscription *subscription, uint64_t head) noexcept {
+    subscription->cursor_.store(head, std::memory_order_relaxed);
+    subscription->resync_ = false;
+    subscription->forked_.store(false, std::memory_order_relaxed);
   }
-  static void mark_forked(Consumer *consumer) noexcept {
-    consumer->forked_.store(true, std::memory_order_relaxed);
-    consumer->cursor_.store(Consumer::kForkedCursor, std::memory_order_relaxed);
+  static void mark_forked(Subscription *subscription) noexcept {
+    subscription->forked_.store(true, std::memory_order_relaxed);
+    subscription->cursor_.store(Subscription::kForkedCursor, std::memory_order_relaxed);
   }
-  static Consumer *next_of(const Consumer *consumer) noexcept { return consumer->next_; }
+  static Subscription *next_of(const Subscription *subscription) noexcept {
+    return subscription->next_;
+  }
 };
+
+}  // namespace detail
+
+using detail::MonitorState;
 
 namespace {
 
@@ -178,16 +198,6 @@ constinit MonitorState g;
 std::atomic<bool> g_paused{false};  // testing::pause_monitor
 std::atomic<bool> g_said_uncached{false};
 pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
-
-const char *mode_name(mrc_monitor_mode_t mode) noexcept {
-  switch (mode) {
-    case MRC_MONITOR_WP_ASYNC: return "wp-async";
-    case MRC_MONITOR_WP: return "wp";
-    case MRC_MONITOR_MISSING: return "missing";
-    case MRC_MONITOR_UNCACHED: break;
-  }
-  return "uncached";
-}
 
 // ---- negotiation ----
 
@@ -294,7 +304,12 @@ ProbeAnswer probe_mmap_changing(int uffd) noexcept {
   return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
 }
 
-enum class Wanted { Auto, WpAsync, Wp, Missing, Off };
+// What MRC_MONITOR asks for: the best mode that works (automatic), or one mode (uncached: "off").
+struct Wanted {
+  bool automatic = true;
+  mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
+  bool understood = true;  // false: a value the mode table does not know (then automatic)
+};
 
 struct Negotiated {
   mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
@@ -305,30 +320,29 @@ struct Negotiated {
   bool probe_ok = false;     // the unmap probe answers (exact gets can trust the table)
 };
 
-Wanted wanted_mode(const char **raw) noexcept {
-  const char *value = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
-  *raw = value;
-  if (value == nullptr || *value == '\0' || strcmp(value, "auto") == 0) return Wanted::Auto;
-  if (strcmp(value, "wp-async") == 0) return Wanted::WpAsync;
-  if (strcmp(value, "wp") == 0) return Wanted::Wp;
-  if (strcmp(value, "missing") == 0) return Wanted::Missing;
-  if (strcmp(value, "off") == 0) return Wanted::Off;
-  *raw = nullptr;  // not understood
-  return Wanted::Auto;
+Wanted wanted_mode(const char *value) noexcept {
+  Wanted wanted;
+  if (value == nullptr || *value == '\0' || strcmp(value, detail::kAutoModeSetting) == 0)
+    return wanted;
+  wanted.automatic = !detail::parse_mode_setting(value, &wanted.mode);
+  wanted.understood = !wanted.automatic;
+  return wanted;
 }
 
 // Chooses the best mode allowed by MRC_MONITOR, the kernel and the sandbox; writes why.
 Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   Negotiated result;
   Text why{reason, reason_len};
-  const char *raw = nullptr;
-  const Wanted wanted = wanted_mode(&raw);
   const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
-  if (raw == nullptr && env != nullptr && *env != '\0') {
-    why.add("MRC_MONITOR=%s not understood (auto, wp-async, wp, missing, off); ", env);
+  const Wanted wanted = wanted_mode(env);
+  if (!wanted.understood) {
+    why.add("MRC_MONITOR=%s not understood (%s", env, detail::kAutoModeSetting);
+    for (const detail::ModeSpelling &spelling : detail::kModeSpellings)
+      why.add(", %s", spelling.setting);
+    why.add("); ");
   }
-  if (wanted == Wanted::Off) {
-    why.add("MRC_MONITOR=off: no userfaultfd; every get registers, the last put deregisters");
+  if (!wanted.automatic && wanted.mode == MRC_MONITOR_UNCACHED) {
+    why.add("MRC_MONITOR=%s: no userfaultfd; every get registers, the last put deregisters", env);
     return result;
   }
 
@@ -373,10 +387,8 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   failures.used = 0;
   failures_buf[0] = '\0';
   for (const Candidate &candidate : all) {
-    if (wanted == Wanted::WpAsync && candidate.mode != MRC_MONITOR_WP_ASYNC) continue;
-    if (wanted == Wanted::Wp && candidate.mode != MRC_MONITOR_WP) continue;
-    if (wanted == Wanted::Missing && candidate.mode != MRC_MONITOR_MISSING) continue;
-    const char *name = mode_name(candidate.mode);
+    if (!wanted.automatic && candidate.mode != wanted.mode) continue;
+    const char *name = detail::mode_name(candidate.mode);
     if ((offered & candidate.needs) != candidate.needs) {
       failures.add("%s: kernel lacks %s; ", name,
                    candidate.mode == MRC_MONITOR_WP_ASYNC ? "UFFD_FEATURE_WP_ASYNC (6.7)"
@@ -428,7 +440,7 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
             fd.how);
         break;
     }
-    if (wanted != Wanted::Auto) why.add(" (MRC_MONITOR=%s)", env);
+    if (!wanted.automatic) why.add(" (MRC_MONITOR=%s)", env);
     // Nothing is watched yet, so nothing can be in flight: any answer but Clear means the
     // kernel (or a sandbox) refuses the probe, and exact caches must not trust their tables.
     result.probe_ok = probe_mmap_changing(fd.fd) == ProbeAnswer::Clear;
@@ -439,7 +451,7 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
     return result;
   }
   result.unavailable = true;
-  if (wanted != Wanted::Auto) {
+  if (!wanted.automatic) {
     why.add("MRC_MONITOR=%s cannot run here (%s); every get registers, the last put deregisters",
             env, failures.trimmed());
   } else {
@@ -906,7 +918,7 @@ void stop_locked() noexcept {
 // Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
 // mmap lock; until the monitor reads it, another thread may already have mapped new memory at
 // the same addresses, and a watch entry still stands there. Watches accept that window (see
-// watch.h); unregistering does not: it would act on someone else's mapping. Once the probe
+// watch_table.h); unregistering does not: it would act on someone else's mapping. Once the probe
 // answers Clear, every such operation that happened before this call has been read, hence
 // (pending protocol) is visible to a drain that waits for `pending` to fall (docs/DESIGN.md,
 // "Exact under concurrent unmaps").
@@ -926,7 +938,7 @@ void sync_watches_locked(bool settle) noexcept {
   if (!g.running) return;
   if (settle) wait_for_unmaps_in_flight(g.uffd);
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
-  // the snapshot that shows it (watch.h); the caller publishes the table again when done.
+  // the snapshot that shows it (watch_table.h); the caller publishes the table again when done.
   g.watches.withdraw();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g.internal.drain([](const Invalidation &record) {
@@ -952,13 +964,13 @@ void after_fork_in_parent() noexcept { g.mutex.unlock(); }
 
 // The child has no monitor thread, and its VMAs lost their registration (no EVENT_FORK). Drop
 // the inherited descriptors (closing them here does not affect the parent's), forget the watch
-// table and tell every consumer, through its next drain(), to forget its regions.
+// table and tell every subscription, through its next drain(), to forget its regions.
 void after_fork_in_child() noexcept {
   close_run_locked(/*in_forked_child=*/true);
   g.queue.reset_after_fork();
-  for (Consumer *consumer = g.consumers; consumer != nullptr;
-       consumer = MonitorState::next_of(consumer)) {
-    MonitorState::mark_forked(consumer);
+  for (Subscription *subscription = g.subscriptions; subscription != nullptr;
+       subscription = MonitorState::next_of(subscription)) {
+    MonitorState::mark_forked(subscription);
   }
   MonitorState::attach(&g.internal, g.queue.head());
   g.events.store(0, std::memory_order_relaxed);
@@ -980,25 +992,34 @@ namespace detail {
 void ensure_fork_handlers() noexcept { pthread_once(&g_atfork_once, install_fork_handlers); }
 }  // namespace detail
 
-namespace {
+// ---- Monitor::info ----
 
-bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, char *why,
-                size_t why_len) noexcept {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  if (length == 0 || start + length < start || start + length > UINTPTR_MAX - page) {
-    set_text(why, why_len, "empty or wrapping range");
-    return false;
+void Monitor::info(mrc_monitor_info_t *out) noexcept {
+  if (out == nullptr) return;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (g.subscribers == 0) {
+    // Nothing runs: report what a start would choose now.
+    Negotiated probe = negotiate(g.reason, sizeof(g.reason));
+    if (probe.fd >= 0) close(probe.fd);
+    g.negotiated = true;
+    g.mode.store(probe.mode, std::memory_order_relaxed);
+    g.features = probe.features;
   }
-  *lo = start & ~(page - 1);
-  *hi = (start + length + page - 1) & ~(page - 1);
-  return true;
+  *out = mrc_monitor_info_t{};
+  out->mode = static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
+  out->mode_name = detail::mode_name(out->mode);
+  snprintf(out->reason, sizeof(out->reason), "%s", g.reason);
+  out->features = g.features;
+  out->running = g.running ? 1 : 0;
+  out->events = g.events.load(std::memory_order_relaxed);
+  out->watched_bytes = g.watches.watched_bytes();
+  out->vmas_added = g.watches.vmas_added();
+  out->vma_budget = g.watches.vma_budget();
 }
 
-}  // namespace
+// ---- the subscription ----
 
-// ---- Consumer ----
-
-DrainResult Consumer::begin_drain() noexcept {
+DrainResult Subscription::begin_drain() noexcept {
   if (forked_.load(std::memory_order_relaxed)) {
     // The cursor stays poisoned (quiescent() false) until the cache has forgotten its regions
     // and drains again.
@@ -1015,17 +1036,110 @@ DrainResult Consumer::begin_drain() noexcept {
   return DrainResult::Ok;
 }
 
-DrainResult Consumer::lapped(uint64_t head) noexcept {
+DrainResult Subscription::lapped(uint64_t head) noexcept {
   resync_ = true;
   resync_to_ = head;
   return DrainResult::Overflow;
 }
 
+mrc_monitor_mode_t Subscription::mode() const noexcept {
+  return static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
+}
+
+Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
+  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
+  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
+  const int fd = g.probe_fd.load(std::memory_order_acquire);
+  Unmaps answer = Unmaps::Read;
+  if (fd == kProbeRefused) {
+    answer = Unmaps::Unprobeable;
+  } else if (fd != kProbeNoMonitor) {
+    switch (probe_mmap_changing(fd)) {
+      case ProbeAnswer::Clear: break;
+      case ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
+      case ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
+    }
+  }
+  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
+  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  errno = saved_errno;
+  return answer;
+}
+
+Subscription::Unmaps Subscription::settle_unmaps() const noexcept {
+  timespec began{};
+  clock_gettime(CLOCK_MONOTONIC, &began);
+  for (unsigned attempt = 0;; ++attempt) {
+    const Unmaps answer = probe_unmaps();
+    if (answer != Unmaps::InFlight) return answer;
+    if (attempt < 4) continue;  // the monitor reads within microseconds when it has a CPU
+    // Then sleep until its next batch ends: spinning waiters would keep the monitor and the
+    // unmapping threads (which lower the count after the read) off a shared CPU. Their wakeup
+    // follows the batch's end by a little, hence the short timeout too.
+    queue_->wait_for_batch(kSettleNapNs);
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const int64_t waited_ns =
+        (now.tv_sec - began.tv_sec) * 1000000000 + (now.tv_nsec - began.tv_nsec);
+    if (waited_ns >= kSettleBudgetNs) return Unmaps::InFlight;
+  }
+}
+
+mrc_status_t subscribe(Subscription **out) {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  detail::ensure_fork_handlers();
+  Subscription *subscription = new (std::nothrow) Subscription(&g.queue);
+  if (subscription == nullptr) return MRC_ERR_NO_MEMORY;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (g.subscribers == 0 || g.needs_start) start_locked();
+  subscription->cursor_.store(g.queue.head(), std::memory_order_relaxed);
+  subscription->next_ = g.subscriptions;
+  if (g.subscriptions != nullptr) g.subscriptions->prev_ = subscription;
+  g.subscriptions = subscription;
+  ++g.subscribers;
+  *out = subscription;
+  return MRC_OK;
+}
+
+void unsubscribe(Subscription *subscription) {
+  if (subscription == nullptr) return;
+  std::lock_guard<std::mutex> hold(g.mutex);
+  if (subscription->prev_ != nullptr) {
+    subscription->prev_->next_ = subscription->next_;
+  } else {
+    g.subscriptions = subscription->next_;
+  }
+  if (subscription->next_ != nullptr) subscription->next_->prev_ = subscription->prev_;
+  delete subscription;
+  MRC_CHECK(g.subscribers > 0);
+  if (--g.subscribers == 0) stop_locked();
+}
+
+// ---- the watches ----
+
+namespace {
+
+bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, char *why,
+                size_t why_len) noexcept {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  if (length == 0 || start + length < start || start + length > UINTPTR_MAX - page) {
+    set_text(why, why_len, "empty or wrapping range");
+    return false;
+  }
+  *lo = start & ~(page - 1);
+  *hi = (start + length + page - 1) & ~(page - 1);
+  return true;
+}
+
+}  // namespace
+
 // The fast path: no lock, no syscall, when the range lies in a registered mapping and in a piece
-// that already counts a watch (watch.h). The order is the protocol: the internal consumer's
-// records are all applied (quiescent(): three acquire loads), then the snapshot is read. Else the
-// registry mutex; the internal consumer is drained only when records are waiting.
-WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t why_len) {
+// that already counts a watch (watch_table.h). The order is the protocol: the internal
+// subscription's records are all applied (quiescent(): three acquire loads), then the snapshot is
+// read. Else the registry mutex; the internal subscription is drained only when records are
+// waiting.
+WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   if (why != nullptr && why_len > 0) why[0] = '\0';
   uintptr_t lo;
   uintptr_t hi;
@@ -1049,15 +1163,15 @@ WatchResult Consumer::watch(uintptr_t start, size_t length, char *why, size_t wh
   return result;
 }
 
-void Consumer::unwatch(uintptr_t start, size_t length) {
-  const Range range{start, length};
+void unwatch(uintptr_t start, size_t length) {
+  const WatchRange range{start, length};
   unwatch_many(&range, 1);
 }
 
 // Lock-free for every range whose piece keeps a watch after it (a run of equal ranges in one
 // step); the rest (last watches, which may leave a mapping idle) under one acquisition of the
 // registry mutex per 64 ranges.
-void Consumer::unwatch_many(const Range *ranges, size_t count) {
+void unwatch_many(const WatchRange *ranges, size_t count) {
   constexpr size_t kChunk = 64;
   for (size_t base = 0; base < count; base += kChunk) {
     const size_t chunk = std::min(kChunk, count - base);
@@ -1065,7 +1179,7 @@ void Consumer::unwatch_many(const Range *ranges, size_t count) {
     {
       EpochGuard guard;
       for (size_t i = 0; i < chunk;) {
-        const Range &range = ranges[base + i];
+        const WatchRange &range = ranges[base + i];
         size_t run = 1;
         while (i + run < chunk && ranges[base + i + run].start == range.start &&
                ranges[base + i + run].length == range.length) {
@@ -1098,105 +1212,6 @@ void Consumer::unwatch_many(const Range *ranges, size_t count) {
   }
 }
 
-mrc_monitor_mode_t Consumer::mode() const noexcept {
-  return static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
-}
-
-Consumer::Unmaps Consumer::probe_unmaps() const noexcept {
-  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
-  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
-  const int fd = g.probe_fd.load(std::memory_order_acquire);
-  Unmaps answer = Unmaps::Read;
-  if (fd == kProbeRefused) {
-    answer = Unmaps::Unprobeable;
-  } else if (fd != kProbeNoMonitor) {
-    switch (probe_mmap_changing(fd)) {
-      case ProbeAnswer::Clear: break;
-      case ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
-      case ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
-    }
-  }
-  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
-  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  errno = saved_errno;
-  return answer;
-}
-
-Consumer::Unmaps Consumer::settle_unmaps() const noexcept {
-  timespec began{};
-  clock_gettime(CLOCK_MONOTONIC, &began);
-  for (unsigned attempt = 0;; ++attempt) {
-    const Unmaps answer = probe_unmaps();
-    if (answer != Unmaps::InFlight) return answer;
-    if (attempt < 4) continue;  // the monitor reads within microseconds when it has a CPU
-    // Then sleep until its next batch ends: spinning waiters would keep the monitor and the
-    // unmapping threads (which lower the count after the read) off a shared CPU. Their wakeup
-    // follows the batch's end by a little, hence the short timeout too.
-    queue_->wait_for_batch(kSettleNapNs);
-    timespec now{};
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    const int64_t waited_ns =
-        (now.tv_sec - began.tv_sec) * 1000000000 + (now.tv_nsec - began.tv_nsec);
-    if (waited_ns >= kSettleBudgetNs) return Unmaps::InFlight;
-  }
-}
-
-// ---- Monitor ----
-
-mrc_status_t Monitor::subscribe(Consumer **out) {
-  if (out == nullptr) return MRC_ERR_INVALID;
-  detail::ensure_fork_handlers();
-  Consumer *consumer = new (std::nothrow) Consumer(&g.queue);
-  if (consumer == nullptr) return MRC_ERR_NO_MEMORY;
-  std::lock_guard<std::mutex> hold(g.mutex);
-  if (g.subscribers == 0 || g.needs_start) start_locked();
-  consumer->cursor_.store(g.queue.head(), std::memory_order_relaxed);
-  consumer->next_ = g.consumers;
-  if (g.consumers != nullptr) g.consumers->prev_ = consumer;
-  g.consumers = consumer;
-  ++g.subscribers;
-  *out = consumer;
-  return MRC_OK;
-}
-
-void Monitor::unsubscribe(Consumer *consumer) {
-  if (consumer == nullptr) return;
-  std::lock_guard<std::mutex> hold(g.mutex);
-  if (consumer->prev_ != nullptr) {
-    consumer->prev_->next_ = consumer->next_;
-  } else {
-    g.consumers = consumer->next_;
-  }
-  if (consumer->next_ != nullptr) consumer->next_->prev_ = consumer->prev_;
-  delete consumer;
-  MRC_CHECK(g.subscribers > 0);
-  if (--g.subscribers == 0) stop_locked();
-}
-
-void Monitor::info(mrc_monitor_info_t *out) noexcept {
-  if (out == nullptr) return;
-  std::lock_guard<std::mutex> hold(g.mutex);
-  if (g.subscribers == 0) {
-    // Nothing runs: report what a start would choose now.
-    Negotiated probe = negotiate(g.reason, sizeof(g.reason));
-    if (probe.fd >= 0) close(probe.fd);
-    g.negotiated = true;
-    g.mode.store(probe.mode, std::memory_order_relaxed);
-    g.features = probe.features;
-  }
-  *out = mrc_monitor_info_t{};
-  out->mode = static_cast<mrc_monitor_mode_t>(g.mode.load(std::memory_order_relaxed));
-  out->mode_name = mode_name(out->mode);
-  snprintf(out->reason, sizeof(out->reason), "%s", g.reason);
-  out->features = g.features;
-  out->running = g.running ? 1 : 0;
-  out->events = g.events.load(std::memory_order_relaxed);
-  out->watched_bytes = g.watches.watched_bytes();
-  out->vmas_added = g.watches.vmas_added();
-  out->vma_budget = g.watches.vma_budget();
-}
-
 // ---- test controls ----
 
 namespace testing {
@@ -1208,6 +1223,9 @@ void set_idle_vmas(int64_t vmas) { g.idle_vmas.store(vmas, std::memory_order_rel
 void force_poll_loop(bool on) { g.force_poll.store(on, std::memory_order_relaxed); }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
+void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
+  detail::g_before_register.store(hook, std::memory_order_relaxed);
+}
 void with_registry_locked(void (*fn)(void *arg), void *arg) {
   std::lock_guard<std::mutex> hold(g.mutex);
   fn(arg);

@@ -160,7 +160,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
       cache->verify_pfn_pages_ = params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1;
     }
   }
-  mrc_status_t status = uffd::Monitor::subscribe(&cache->consumer_);
+  mrc_status_t status = uffd::subscribe(&cache->consumer_);
   if (status != MRC_OK) {
     delete cache;
     return status;
@@ -173,7 +173,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
 }
 
 Cache::~Cache() {
-  if (consumer_ != nullptr) uffd::Monitor::unsubscribe(consumer_);
+  if (consumer_ != nullptr) uffd::unsubscribe(consumer_);
 }
 
 void Cache::destroy(Cache *cache) noexcept {
@@ -243,9 +243,9 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
 
   // Exact mode: the probe comes after the get began and before the fast path's quiescent()
   // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
-  const uffd::Consumer::Unmaps unmaps =
-      exact_ ? consumer_->probe_unmaps() : uffd::Consumer::Unmaps::Read;
-  if (unmaps == uffd::Consumer::Unmaps::Read &&
+  const uffd::Subscription::Unmaps unmaps =
+      exact_ ? consumer_->probe_unmaps() : uffd::Subscription::Unmaps::Read;
+  if (unmaps == uffd::Subscription::Unmaps::Read &&
       get_fast(address, request_end, align - 1, prot, out)) {
     return MRC_OK;
   }
@@ -419,20 +419,20 @@ bool Cache::verify_pfns(Region *region) noexcept {
 }
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                             uffd::Consumer::Unmaps unmaps, Region **out) noexcept {
+                             uffd::Subscription::Unmaps unmaps, Region **out) noexcept {
   // An unmap in flight may have freed this memory before it was mapped again: wait until the
   // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
   // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table
   // entry can be trusted for this get: it registers the memory as it is now, uncached.
-  if (unmaps == uffd::Consumer::Unmaps::InFlight) {
+  if (unmaps == uffd::Subscription::Unmaps::InFlight) {
     hot_.add(Counter::UnmapWaits);
     unmaps = consumer_->settle_unmaps();
   }
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   Region *deferred = nullptr;
-  if (unmaps != uffd::Consumer::Unmaps::Read) {
-    if (unmaps == uffd::Consumer::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
+  if (unmaps != uffd::Subscription::Unmaps::Read) {
+    if (unmaps == uffd::Subscription::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
     {
       std::lock_guard lock(mutex_);
       ++slow_.gets_slow;
@@ -680,8 +680,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   }
 
   // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
-  bool watched = cacheable && consumer_->watch(merged_start, merged_end - merged_start) ==
-                                  uffd::WatchResult::Watched;
+  bool watched = cacheable &&
+                 uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
@@ -697,11 +697,11 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
         "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
         "alone",
         name_, merged_start, merged_end, mrc_status_string(status));
-    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
     merged_start = start;
     merged_end = end;
     merged_prot = prot;
-    watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
+    watched = uffd::watch(start, end - start) == uffd::WatchResult::Watched;
     status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot, &handle,
                           &key);
   }
@@ -709,7 +709,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   Region *region = allocate_region_locked();
   if (region == nullptr) {
     if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
-    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
     return MRC_ERR_NO_MEMORY;
   }
   region->start = merged_start;
@@ -724,7 +724,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     // Not remembered when nothing would tell us that the memory changed, or when the failure
     // may end without any change: the next get asks the backend again.
     if (!watched || !failure_lasts(status)) {
-      if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+      if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }
@@ -734,7 +734,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
     if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
-      consumer_->unwatch(merged_start, merged_end - merged_start);
+      uffd::unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }
@@ -770,7 +770,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     // Overlaps were removed above, so the insert fails only for want of memory for table nodes
     // (or an address beyond the table's 57 bits): then the registration is handed out uncached.
     if (table_.insert(region) != MRC_OK) {
-      consumer_->unwatch(merged_start, merged_end - merged_start);
+      uffd::unwatch(merged_start, merged_end - merged_start);
       watched = false;
     }
   }
@@ -1006,7 +1006,7 @@ void Cache::reap_finished_locked() noexcept {
 // registered), and a batch's last watches of mappings take the monitor's registry lock once.
 void Cache::retire_batch_locked() noexcept {
   if (retiring_count_ == 0) return;
-  uffd::Consumer::Range watched[kRetireBatch];
+  uffd::WatchRange watched[kRetireBatch];
   size_t count = 0;
   for (size_t i = 0; i < retiring_count_; ++i) {
     const Region *region = retiring_[i];
@@ -1015,7 +1015,7 @@ void Cache::retire_batch_locked() noexcept {
       watched[count++] = {region->start, region->length()};
     }
   }
-  if (count != 0) consumer_->unwatch_many(watched, count);
+  if (count != 0) uffd::unwatch_many(watched, count);
   // One object for the epoch domain: the batch chained through gc_next, recycled in one push.
   Region *chain = nullptr;
   for (size_t i = 0; i < retiring_count_; ++i) {

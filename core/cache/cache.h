@@ -248,7 +248,7 @@ class Cache {
   void trim() noexcept;
   void promote(Region *region) noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                        uffd::Consumer::Unmaps unmaps, Region **out) noexcept;
+                        uffd::Subscription::Unmaps unmaps, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
@@ -315,7 +315,7 @@ class Cache {
   size_t alignment_ = 4096;
   bool print_stats_ = false;
 
-  uffd::Consumer *consumer_ = nullptr;
+  uffd::Subscription *consumer_ = nullptr;
   PageTable table_;
 
   std::mutex mutex_;
