@@ -13,7 +13,7 @@
 //
 // SYNCHRONIZATION
 //   subscribe(), unsubscribe()  any thread; they take the monitor's registry mutex
-//                   (monitor.cc), which guards the subscriber list (prev_, next_) and the
+//                   (monitor_state.h), which guards the subscriber list (prev_, next_) and the
 //                   monitor's start and stop. The monitor thread never takes it.
 //   Subscription::quiescent()  any thread, no lock: acquire loads of `pending`, of the queue
 //                   head and of the subscription's cursor. Pairs with the monitor's lowering of
@@ -22,7 +22,7 @@
 //   Subscription::drain()  one thread at a time per subscription (the cache holds its own
 //                   lock).
 //   probe_unmaps(), settle_unmaps(), mode()  any thread, no lock: they read the monitor's probe
-//                   descriptor (acquire) and mode (relaxed); see monitor.cc for what they pair
+//                   descriptor (acquire) and mode (relaxed); see monitor_state.h for what they pair
 //                   with.
 #pragma once
 

@@ -8,7 +8,7 @@
 //                   a registered mapping whose piece already counts a watch, and an unwatch that
 //                   leaves its piece a watch, are one CAS on that piece's count under an
 //                   EpochGuard (watch_table.h). Every other call (a first watch, a last unwatch,
-//                   registration, eviction) takes the monitor's registry mutex (monitor.cc),
+//                   registration, eviction) takes the monitor's registry mutex (monitor_state.h),
 //                   which guards the table; the monitor thread never takes it. The mutex is held
 //                   across fork (pthread_atfork).
 #pragma once
