@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 
 #include "mrcache/mrcache.h"
 
@@ -11,6 +12,9 @@ namespace mrc::uffd::detail {
 void ensure_fork_handlers() noexcept;
 
 // Copies text into buf (always terminated, truncated to fit); used for `why` and reasons.
-void set_text(char *buf, size_t len, const char *text) noexcept;
+inline void set_text(char *buf, size_t len, const char *text) noexcept {
+  if (buf == nullptr || len == 0) return;
+  snprintf(buf, len, "%s", text);
+}
 
 }  // namespace mrc::uffd::detail

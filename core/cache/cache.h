@@ -6,7 +6,7 @@
 //   statistics (plain integers) and every Region field marked "mutex_". One slow-path thread at
 //   a time. Region::flags are written only under mutex_ or by the one thread that finishes the
 //   region (plain load + release store, no read-modify-write); readers load them with acquire.
-// - Fast path (get_fast, any thread, no lock): consumer_->quiescent() (acquire: pairs with the
+// - Fast path (get_fast, any thread, no lock): subscription_->quiescent() (acquire: pairs with the
 //   monitor's release of `pending` and with this cache's release of its cursor in drain) →
 //   EpochGuard → page-table lookup (acquire loads of child pointers, pairs with the writer's
 //   release stores) → the reference: taken back from this thread's parking line when the region
@@ -132,7 +132,7 @@ class Cache {
   void trim() noexcept;
   void promote(Region *region) noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                        uffd::Consumer::Unmaps unmaps, Region **out) noexcept;
+                        uffd::Subscription::Unmaps unmaps, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
@@ -199,7 +199,7 @@ class Cache {
   size_t alignment_ = 4096;
   bool print_stats_ = false;
 
-  uffd::Consumer *consumer_ = nullptr;
+  uffd::Subscription *subscription_ = nullptr;
   PageTable table_;
 
   std::mutex mutex_;

@@ -61,20 +61,20 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
       cache->verify_pfn_pages_ = params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1;
     }
   }
-  mrc_status_t status = uffd::Monitor::subscribe(&cache->consumer_);
+  mrc_status_t status = uffd::subscribe(&cache->subscription_);
   if (status != MRC_OK) {
     delete cache;
     return status;
   }
   CacheRegistry::add(cache);
   MRC_LOG_DEBUG("cache {} created (backend {}, monitor {})", cache->name_, backend.name,
-                cache->consumer_->mode() == MRC_MONITOR_UNCACHED ? "uncached" : "watching");
+                cache->subscription_->mode() == MRC_MONITOR_UNCACHED ? "uncached" : "watching");
   *out = cache;
   return MRC_OK;
 }
 
 Cache::~Cache() {
-  if (consumer_ != nullptr) uffd::Monitor::unsubscribe(consumer_);
+  if (subscription_ != nullptr) uffd::unsubscribe(subscription_);
 }
 
 void Cache::destroy(Cache *cache) noexcept {

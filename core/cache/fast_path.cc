@@ -40,9 +40,9 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
 
   // Exact mode: the probe comes after the get began and before the fast path's quiescent()
   // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
-  const uffd::Consumer::Unmaps unmaps =
-      exact_ ? consumer_->probe_unmaps() : uffd::Consumer::Unmaps::Read;
-  if (unmaps == uffd::Consumer::Unmaps::Read &&
+  const uffd::Subscription::Unmaps unmaps =
+      exact_ ? subscription_->probe_unmaps() : uffd::Subscription::Unmaps::Read;
+  if (unmaps == uffd::Subscription::Unmaps::Read &&
       get_fast(address, request_end, align - 1, prot, out)) {
     return MRC_OK;
   }
@@ -51,7 +51,7 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
 
 bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
                      Region **out) noexcept {
-  if (!consumer_->quiescent()) return false;
+  if (!subscription_->quiescent()) return false;
   const ThreadSlot &thread = this_thread_slot();
   ParkingLine *line = thread.exclusive ? &parking_[thread.index] : nullptr;
   Region *region = nullptr;

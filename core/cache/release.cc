@@ -137,7 +137,7 @@ void Cache::reap_finished_locked() noexcept {
 // registered), and a batch's last watches of mappings take the monitor's registry lock once.
 void Cache::retire_batch_locked() noexcept {
   if (retiring_count_ == 0) return;
-  uffd::Consumer::Range watched[kRetireBatch];
+  uffd::WatchRange watched[kRetireBatch];
   size_t count = 0;
   for (size_t i = 0; i < retiring_count_; ++i) {
     const Region *region = retiring_[i];
@@ -146,7 +146,7 @@ void Cache::retire_batch_locked() noexcept {
       watched[count++] = {region->start, region->length()};
     }
   }
-  if (count != 0) consumer_->unwatch_many(watched, count);
+  if (count != 0) uffd::unwatch_many(watched, count);
   // One object for the epoch domain: the batch chained through gc_next, recycled in one push.
   Region *chain = nullptr;
   for (size_t i = 0; i < retiring_count_; ++i) {

@@ -58,20 +58,20 @@ bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
 }  // namespace
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                             uffd::Consumer::Unmaps unmaps, Region **out) noexcept {
+                             uffd::Subscription::Unmaps unmaps, Region **out) noexcept {
   // An unmap in flight may have freed this memory before it was mapped again: wait until the
   // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
   // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table
   // entry can be trusted for this get: it registers the memory as it is now, uncached.
-  if (unmaps == uffd::Consumer::Unmaps::InFlight) {
+  if (unmaps == uffd::Subscription::Unmaps::InFlight) {
     hot_.add(Counter::UnmapWaits);
-    unmaps = consumer_->settle_unmaps();
+    unmaps = subscription_->settle_unmaps();
   }
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
   Region *deferred = nullptr;
-  if (unmaps != uffd::Consumer::Unmaps::Read) {
-    if (unmaps == uffd::Consumer::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
+  if (unmaps != uffd::Subscription::Unmaps::Read) {
+    if (unmaps == uffd::Subscription::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
     {
       std::lock_guard lock(mutex_);
       ++slow_.gets_slow;
@@ -116,7 +116,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
 }
 
 void Cache::drain_locked() noexcept {
-  uffd::DrainResult result = consumer_->drain([this](const uffd::Invalidation &record) {
+  uffd::DrainResult result = subscription_->drain([this](const uffd::Invalidation &record) {
     ++slow_.unmap_events;
     invalidate_range_locked(record.start, record.end);
   });
@@ -253,8 +253,8 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   }
 
   // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
-  bool watched = cacheable && consumer_->watch(merged_start, merged_end - merged_start) ==
-                                  uffd::WatchResult::Watched;
+  bool watched = cacheable &&
+                 uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
@@ -270,11 +270,11 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
         "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
         "alone",
         name_, merged_start, merged_end, mrc_status_string(status));
-    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
     merged_start = start;
     merged_end = end;
     merged_prot = prot;
-    watched = consumer_->watch(start, end - start) == uffd::WatchResult::Watched;
+    watched = uffd::watch(start, end - start) == uffd::WatchResult::Watched;
     status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot, &handle,
                           &key);
   }
@@ -282,7 +282,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   Region *region = allocate_region_locked();
   if (region == nullptr) {
     if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
-    if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
     return MRC_ERR_NO_MEMORY;
   }
   region->start = merged_start;
@@ -297,7 +297,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     // Not remembered when nothing would tell us that the memory changed, or when the failure
     // may end without any change: the next get asks the backend again.
     if (!watched || !failure_lasts(status)) {
-      if (watched) consumer_->unwatch(merged_start, merged_end - merged_start);
+      if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }
@@ -307,7 +307,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
     if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
-      consumer_->unwatch(merged_start, merged_end - merged_start);
+      uffd::unwatch(merged_start, merged_end - merged_start);
       free_region_locked(region);
       return status;
     }
@@ -343,7 +343,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     // Overlaps were removed above, so the insert fails only for want of memory for table nodes
     // (or an address beyond the table's 57 bits): then the registration is handed out uncached.
     if (table_.insert(region) != MRC_OK) {
-      consumer_->unwatch(merged_start, merged_end - merged_start);
+      uffd::unwatch(merged_start, merged_end - merged_start);
       watched = false;
     }
   }

@@ -18,7 +18,7 @@
 
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
-#include "uffd/uffd.h"
+#include "uffd/testing.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
 #include "mrcache/mrcache.hpp"
-#include "uffd/uffd.h"
+#include "uffd/testing.h"
 
 namespace {
 

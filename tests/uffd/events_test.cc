@@ -1,4 +1,4 @@
-// Every way memory goes away reaches a consumer as a record, in every monitor mode; and the
+// Every way memory goes away reaches a subscription as a record, in every monitor mode; and the
 // kinds of memory each mode can or cannot watch.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -21,26 +21,26 @@ class Events : public ::testing::TestWithParam<const char *> {
  protected:
   void SetUp() override {
     env_ = std::make_unique<ScopedEnv>("MRC_MONITOR", GetParam());
-    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
-    if (consumer_->mode() == MRC_MONITOR_UNCACHED) {
+    ASSERT_EQ(uffd::subscribe(&subscription_), MRC_OK);
+    if (subscription_->mode() == MRC_MONITOR_UNCACHED) {
       GTEST_SKIP() << "mode " << GetParam() << " is not available here: " << monitor_info().reason;
     }
-    (void)drain_all(consumer_);
+    (void)drain_all(subscription_);
   }
   void TearDown() override {
-    if (consumer_ != nullptr) Monitor::unsubscribe(consumer_);
+    if (subscription_ != nullptr) uffd::unsubscribe(subscription_);
   }
 
-  bool missing_mode() const { return consumer_->mode() == MRC_MONITOR_MISSING; }
+  bool missing_mode() const { return subscription_->mode() == MRC_MONITOR_MISSING; }
 
   WatchResult try_watch(const void *p, size_t length) {
     why_[0] = '\0';
-    return consumer_->watch(u(p), length, why_, sizeof(why_));
+    return uffd::watch(u(p), length, why_, sizeof(why_));
   }
   void watch(const void *p, size_t length) {
     ASSERT_EQ(try_watch(p, length), WatchResult::Watched) << why_;
   }
-  std::vector<Invalidation> drain() { return drain_all(consumer_); }
+  std::vector<Invalidation> drain() { return drain_all(subscription_); }
 
   // The shared-memory kinds: watched in the write-protect modes, refused in MISSING mode.
   void expect_shared_memory_events(char *p, size_t length, const char *what) {
@@ -61,7 +61,7 @@ class Events : public ::testing::TestWithParam<const char *> {
   }
 
   std::unique_ptr<ScopedEnv> env_;
-  Consumer *consumer_ = nullptr;
+  Subscription *subscription_ = nullptr;
   char why_[256];
 };
 
@@ -235,7 +235,7 @@ TEST_P(Events, BrkShrink) {
   old_break[0] = 1;
   if (sbrk(0) != old_break + length) GTEST_SKIP() << "malloc moved the break meanwhile";
   ASSERT_NE(sbrk(-static_cast<intptr_t>(length)), reinterpret_cast<void *>(-1));
-  ASSERT_EQ(consumer_->drain([&records](const Invalidation &r) { records.push_back(r); }),
+  ASSERT_EQ(subscription_->drain([&records](const Invalidation &r) { records.push_back(r); }),
             DrainResult::Ok);
   EXPECT_TRUE(covered(records, u(old_break), u(old_break) + length, InvalidationKind::Unmap))
       << describe(records);
@@ -296,7 +296,7 @@ TEST_P(Events, FileMappingNeedsWpAsync) {
   close(fd);
   ASSERT_NE(p, MAP_FAILED);
   const WatchResult result = try_watch(p, length);
-  if (consumer_->mode() != MRC_MONITOR_WP_ASYNC) {
+  if (subscription_->mode() != MRC_MONITOR_WP_ASYNC) {
     // The kernel accepts write-protect registration of file pages only with WP_ASYNC.
     EXPECT_EQ(result, WatchResult::NotMonitorable);
     EXPECT_NE(why_[0], '\0');

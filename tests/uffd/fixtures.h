@@ -15,21 +15,21 @@ inline constexpr int kScale = 10;
 inline constexpr int kScale = 1;
 #endif
 
-// A test that holds one subscription (consumer_) from SetUp to TearDown; skipped, with the
+// A test that holds one subscription (subscription_) from SetUp to TearDown; skipped, with the
 // monitor's reason, where no userfaultfd works (uncached mode).
 class SubscribedTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
-    if (consumer_->mode() == MRC_MONITOR_UNCACHED) {
+    ASSERT_EQ(uffd::subscribe(&subscription_), MRC_OK);
+    if (subscription_->mode() == MRC_MONITOR_UNCACHED) {
       GTEST_SKIP() << "no userfaultfd here: " << monitor_info().reason;
     }
   }
   void TearDown() override {
-    if (consumer_ != nullptr) Monitor::unsubscribe(consumer_);
-    consumer_ = nullptr;
+    if (subscription_ != nullptr) uffd::unsubscribe(subscription_);
+    subscription_ = nullptr;
   }
-  Consumer *consumer_ = nullptr;
+  Subscription *subscription_ = nullptr;
 };
 
 }  // namespace mrc::uffd::test

@@ -41,11 +41,11 @@ inline std::string describe(const std::vector<Invalidation> &records) {
   return text.empty() ? "  (none)\n" : text;
 }
 
-// Everything the consumer has not seen yet (asserting the drain is Ok).
-inline std::vector<Invalidation> drain_all(Consumer *consumer) {
+// Everything the subscription has not seen yet (asserting the drain is Ok).
+inline std::vector<Invalidation> drain_all(Subscription *subscription) {
   std::vector<Invalidation> records;
   const DrainResult result =
-      consumer->drain([&records](const Invalidation &r) { records.push_back(r); });
+      subscription->drain([&records](const Invalidation &r) { records.push_back(r); });
   EXPECT_EQ(result, DrainResult::Ok);
   return records;
 }
@@ -94,15 +94,15 @@ class ScopedEnv {
 };
 
 // A subscription for the length of a scope.
-class Subscription {
+class ScopedSubscription {
  public:
-  Subscription() { EXPECT_EQ(Monitor::subscribe(&consumer_), MRC_OK); }
-  ~Subscription() { Monitor::unsubscribe(consumer_); }
-  Consumer *get() const { return consumer_; }
-  Consumer *operator->() const { return consumer_; }
+  ScopedSubscription() { EXPECT_EQ(uffd::subscribe(&subscription_), MRC_OK); }
+  ~ScopedSubscription() { uffd::unsubscribe(subscription_); }
+  Subscription *get() const { return subscription_; }
+  Subscription *operator->() const { return subscription_; }
 
  private:
-  Consumer *consumer_ = nullptr;
+  Subscription *subscription_ = nullptr;
 };
 
 inline mrc_monitor_info_t monitor_info() {

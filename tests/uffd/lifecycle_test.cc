@@ -18,6 +18,7 @@
 #include <string>
 
 #include "tests/uffd/helpers.h"
+#include "uffd/testing.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(MRC_TSAN)
 // The fork tests start a monitor thread in the child of a multi-threaded parent, which
@@ -29,31 +30,31 @@ namespace mrc::uffd::test {
 namespace {
 
 bool have_userfaultfd() {
-  Subscription probe;
+  ScopedSubscription probe;
   return probe->mode() != MRC_MONITOR_UNCACHED;
 }
 
 TEST(Lifecycle, StartStopRestartAThousandTimesLeaksNothing) {
   const size_t length = 4 * page_size();
   {
-    Subscription warm;  // lazily opened descriptors (the /proc/self/maps slot) open here
+    ScopedSubscription warm;  // lazily opened descriptors (the /proc/self/maps slot) open here
     char *p = map_anonymous(length);
-    (void)warm->watch(u(p), length);
+    (void)uffd::watch(u(p), length);
     munmap(p, length);
   }
   const size_t fds = count_dir("/proc/self/fd");
   const size_t tasks = count_dir("/proc/self/task");
   for (int i = 0; i < 1000; ++i) {
-    Consumer *consumer = nullptr;
-    ASSERT_EQ(Monitor::subscribe(&consumer), MRC_OK);
-    if (i % 50 == 0 && consumer->mode() != MRC_MONITOR_UNCACHED) {
+    Subscription *subscription = nullptr;
+    ASSERT_EQ(uffd::subscribe(&subscription), MRC_OK);
+    if (i % 50 == 0 && subscription->mode() != MRC_MONITOR_UNCACHED) {
       char *p = map_anonymous(length);
-      ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+      ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
       munmap(p, length);
-      const auto records = drain_all(consumer);
+      const auto records = drain_all(subscription);
       EXPECT_TRUE(covered(records, u(p), u(p) + length, InvalidationKind::Unmap)) << i;
     }
-    Monitor::unsubscribe(consumer);
+    uffd::unsubscribe(subscription);
   }
   EXPECT_EQ(count_dir("/proc/self/fd"), fds);
   EXPECT_EQ(count_dir("/proc/self/task"), tasks);
@@ -67,7 +68,7 @@ TEST(Lifecycle, StartStopRestartAThousandTimesLeaksNothing) {
 TEST(Lifecycle, SubscribeReturnsOnceTheMonitorThreadRuns) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
   for (int i = 0; i < 200; ++i) {
-    Subscription consumer;
+    ScopedSubscription subscription;
     ASSERT_STRNE(testing::monitor_loop(), "not started") << "subscription " << i;
   }
   EXPECT_STREQ(testing::monitor_loop(), "none");
@@ -92,15 +93,16 @@ TEST(Lifecycle, TheMonitorWaitsOnIoUringWithDeferredTaskWork) {
   const int rc = io_uring_queue_init(4, &probe, 0);
   if (rc != 0) GTEST_SKIP() << "io_uring is not available here: " << strerrorname_np(-rc);
   io_uring_queue_exit(&probe);
-  Subscription consumer;
+  ScopedSubscription subscription;
   EXPECT_STREQ(testing::monitor_loop(), kernel_release() >= 601 ? "io_uring+defer" : "io_uring");
   const size_t length = 4 * page_size();
   for (int i = 0; i < 3; ++i) {
     char *p = map_anonymous(length);
-    ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+    ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
     ASSERT_EQ(munmap(p, length), 0);
-    EXPECT_TRUE(covered(drain_all(consumer.get()), u(p), u(p) + length, InvalidationKind::Unmap));
-    consumer->unwatch(u(p), length);
+    EXPECT_TRUE(
+        covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+    uffd::unwatch(u(p), length);
   }
   EXPECT_STREQ(testing::monitor_loop(), kernel_release() >= 601 ? "io_uring+defer" : "io_uring");
 }
@@ -113,8 +115,8 @@ TEST(Lifecycle, StoppingReleasesEveryRegistration) {
   char *p = map_anonymous(length);
   char why[256] = "";
   for (int i = 0; i < 20; ++i) {
-    Subscription consumer;
-    ASSERT_EQ(consumer->watch(u(p), length, why, sizeof(why)), WatchResult::Watched)
+    ScopedSubscription subscription;
+    ASSERT_EQ(uffd::watch(u(p), length, why, sizeof(why)), WatchResult::Watched)
         << i << ": " << why;
   }
   munmap(p, length);
@@ -122,11 +124,11 @@ TEST(Lifecycle, StoppingReleasesEveryRegistration) {
 
 TEST(Lifecycle, EveryConsumerSeesEveryRecord) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
-  Subscription first;
-  Subscription second;
+  ScopedSubscription first;
+  ScopedSubscription second;
   const size_t length = 4 * page_size();
   char *p = map_anonymous(length);
-  ASSERT_EQ(first->watch(u(p), length), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
   munmap(p, length);
   EXPECT_TRUE(covered(drain_all(first.get()), u(p), u(p) + length, InvalidationKind::Unmap));
   EXPECT_TRUE(covered(drain_all(second.get()), u(p), u(p) + length, InvalidationKind::Unmap));
@@ -135,21 +137,21 @@ TEST(Lifecycle, EveryConsumerSeesEveryRecord) {
 TEST(Lifecycle, InfoReportsTheRunningMonitor) {
   EXPECT_EQ(mrc_monitor_info(nullptr), MRC_ERR_INVALID);
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
-  Subscription consumer;
+  ScopedSubscription subscription;
   mrc_monitor_info_t info;
   ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
   EXPECT_EQ(info.running, 1);
-  EXPECT_EQ(info.mode, consumer->mode());
+  EXPECT_EQ(info.mode, subscription->mode());
   EXPECT_NE(info.reason[0], '\0');
   EXPECT_NE(info.features & UFFD_FEATURE_EVENT_UNMAP, 0u);
   EXPECT_GT(info.vma_budget, 0u);
   const uint64_t events = info.events;
   const size_t length = 4 * page_size();
   char *p = map_aligned(length, length);
-  ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
   EXPECT_GE(monitor_info().watched_bytes, length);
   munmap(p, length);
-  (void)drain_all(consumer.get());
+  (void)drain_all(subscription.get());
   EXPECT_GT(monitor_info().events, events);
 }
 
@@ -157,9 +159,9 @@ TEST(Lifecycle, ModesCanBeForced) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
   for (const char *mode : {"wp-async", "wp", "missing"}) {
     ScopedEnv env("MRC_MONITOR", mode);
-    Subscription consumer;
+    ScopedSubscription subscription;
     const mrc_monitor_info_t info = monitor_info();
-    if (consumer->mode() == MRC_MONITOR_UNCACHED) {
+    if (subscription->mode() == MRC_MONITOR_UNCACHED) {
       EXPECT_NE(std::string(info.reason).find(std::string("MRC_MONITOR=") + mode),
                 std::string::npos)
           << info.reason;
@@ -170,8 +172,8 @@ TEST(Lifecycle, ModesCanBeForced) {
         << info.reason;
   }
   ScopedEnv env("MRC_MONITOR", "sideways");
-  Subscription consumer;
-  EXPECT_NE(consumer->mode(), MRC_MONITOR_UNCACHED);
+  ScopedSubscription subscription;
+  EXPECT_NE(subscription->mode(), MRC_MONITOR_UNCACHED);
   EXPECT_NE(std::string(monitor_info().reason).find("not understood"), std::string::npos);
 }
 
@@ -183,32 +185,32 @@ TEST(Lifecycle, InfoWithoutSubscribersProbesTheMode) {
   EXPECT_EQ(monitor_info().mode, MRC_MONITOR_UNCACHED);
 }
 
-// A consumer that falls a whole queue behind is told to purge, never silently skips records;
+// A subscription that falls a whole queue behind is told to purge, never silently skips records;
 // and the watch table, which lost records too, registers again.
 TEST(Lifecycle, QueueOverflowMeansPurge) {
   testing::set_queue_capacity(8);
   struct Restore {
     ~Restore() { testing::set_queue_capacity(0); }
   } restore;
-  Subscription consumer;
-  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  ScopedSubscription subscription;
+  if (subscription->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
   const size_t page = page_size();
   char *p = map_aligned(64 * page, kWatchBlock);
-  ASSERT_EQ(consumer->watch(u(p), 64 * page), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(p), 64 * page), WatchResult::Watched);
   for (int i = 0; i < 20; ++i) ASSERT_EQ(munmap(p + 2 * i * page, page), 0);
   std::vector<Invalidation> seen;
-  EXPECT_EQ(consumer->drain([&seen](const Invalidation &r) { seen.push_back(r); }),
+  EXPECT_EQ(subscription->drain([&seen](const Invalidation &r) { seen.push_back(r); }),
             DrainResult::Overflow);
-  EXPECT_FALSE(consumer->quiescent());  // stays untrusted until the purge is done
-  EXPECT_EQ(consumer->drain([](const Invalidation &) {}), DrainResult::Ok);
-  EXPECT_TRUE(consumer->quiescent());
+  EXPECT_FALSE(subscription->quiescent());  // stays untrusted until the purge is done
+  EXPECT_EQ(subscription->drain([](const Invalidation &) {}), DrainResult::Ok);
+  EXPECT_TRUE(subscription->quiescent());
   ASSERT_EQ(munmap(p + 41 * page, page), 0);
-  const auto records = drain_all(consumer.get());
+  const auto records = drain_all(subscription.get());
   EXPECT_TRUE(covered(records, u(p + 41 * page), u(p + 42 * page), InvalidationKind::Unmap))
       << describe(records);
   // The watch table overflowed as well: it may no longer trust that anything is registered.
   const uint64_t before = testing::registrations();
-  ASSERT_EQ(consumer->watch(u(p + 50 * page), page), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(p + 50 * page), page), WatchResult::Watched);
   EXPECT_GT(testing::registrations(), before);
   munmap(p, 64 * page);
 }
@@ -217,13 +219,13 @@ TEST(Lifecycle, QueueOverflowMeansPurge) {
 // uses it to prove that its oracle catches a cache that misses invalidations).
 TEST(Lifecycle, DropEventsSwitchPublishesNothing) {
   ScopedEnv drop("MRC_TEST_DROP_EVENTS", "1");
-  Subscription consumer;
-  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  ScopedSubscription subscription;
+  if (subscription->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
   const size_t length = 4 * page_size();
   char *p = map_anonymous(length);
-  ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
   munmap(p, length);
-  EXPECT_TRUE(drain_all(consumer.get()).empty());
+  EXPECT_TRUE(drain_all(subscription.get()).empty());
   EXPECT_GE(monitor_info().events, 1u);
 }
 
@@ -232,16 +234,17 @@ TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
   struct Restore {
     ~Restore() { testing::force_poll_loop(false); }
   } restore;
-  Subscription consumer;
-  if (consumer->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
+  ScopedSubscription subscription;
+  if (subscription->mode() == MRC_MONITOR_UNCACHED) GTEST_SKIP() << monitor_info().reason;
   EXPECT_STREQ(testing::monitor_loop(), "poll");
   const size_t length = 4 * page_size();
   for (int i = 0; i < 100; ++i) {
     char *p = map_anonymous(length);
-    ASSERT_EQ(consumer->watch(u(p), length), WatchResult::Watched);
+    ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
     munmap(p, length);
-    ASSERT_TRUE(covered(drain_all(consumer.get()), u(p), u(p) + length, InvalidationKind::Unmap));
-    consumer->unwatch(u(p), length);
+    ASSERT_TRUE(
+        covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+    uffd::unwatch(u(p), length);
   }
 }
 
@@ -265,43 +268,44 @@ int wait_child(pid_t pid) {
 
 TEST(Fork, ChildForgetsAndReArmsWhileTheParentCarriesOn) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
-  Subscription consumer;
+  ScopedSubscription subscription;
   const size_t length = 16 * page_size();
   char *shared_before = map_anonymous(length);
   char *parent_only = map_anonymous(length);
-  ASSERT_EQ(consumer->watch(u(shared_before), length), WatchResult::Watched);
-  ASSERT_EQ(consumer->watch(u(parent_only), length), WatchResult::Watched);
-  ASSERT_TRUE(consumer->quiescent());
+  ASSERT_EQ(uffd::watch(u(shared_before), length), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(parent_only), length), WatchResult::Watched);
+  ASSERT_TRUE(subscription->quiescent());
 
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // The child: its VMAs lost their registration, it has no monitor thread.
-    CHILD_CHECK(!consumer->quiescent());
-    CHILD_CHECK(consumer->drain([](const Invalidation &) {}) == DrainResult::Forked);
-    CHILD_CHECK(!consumer->quiescent());  // until the cache has forgotten and drains again
-    CHILD_CHECK(consumer->drain([](const Invalidation &) {}) == DrainResult::Ok);
-    CHILD_CHECK(consumer->quiescent());
+    CHILD_CHECK(!subscription->quiescent());
+    CHILD_CHECK(subscription->drain([](const Invalidation &) {}) == DrainResult::Forked);
+    CHILD_CHECK(!subscription->quiescent());  // until the cache has forgotten and drains again
+    CHILD_CHECK(subscription->drain([](const Invalidation &) {}) == DrainResult::Ok);
+    CHILD_CHECK(subscription->quiescent());
     // Parent-era unwatches are harmless; new watches re-arm on a fresh monitor.
-    consumer->unwatch(u(parent_only), length);
-    CHILD_CHECK(consumer->watch(u(shared_before), length) == WatchResult::Watched);
+    uffd::unwatch(u(parent_only), length);
+    CHILD_CHECK(uffd::watch(u(shared_before), length) == WatchResult::Watched);
     mrc_monitor_info_t info;
     mrc_monitor_info(&info);
     CHILD_CHECK(info.running == 1);
     CHILD_CHECK(munmap(shared_before, length) == 0);
     bool seen = false;
-    CHILD_CHECK(consumer->drain([&](const Invalidation &r) {
+    CHILD_CHECK(subscription->drain([&](const Invalidation &r) {
       seen = seen || (r.start <= u(shared_before) && r.end >= u(shared_before) + length);
     }) == DrainResult::Ok);
     CHILD_CHECK(seen);
-    Monitor::unsubscribe(consumer.get());
+    uffd::unsubscribe(subscription.get());
     _exit(0);
   }
   // The parent is unaffected: no Forked, its registrations intact.
   EXPECT_EQ(wait_child(pid), 0);
   ASSERT_EQ(munmap(parent_only, length), 0);
   std::vector<Invalidation> records;
-  EXPECT_EQ(consumer->drain([&](const Invalidation &r) { records.push_back(r); }), DrainResult::Ok);
+  EXPECT_EQ(subscription->drain([&](const Invalidation &r) { records.push_back(r); }),
+            DrainResult::Ok);
   EXPECT_TRUE(covered(records, u(parent_only), u(parent_only) + length, InvalidationKind::Unmap))
       << describe(records);
   EXPECT_FALSE(touches(records, u(shared_before), u(shared_before) + length))
@@ -341,19 +345,19 @@ TEST(Fork, LastUnsubscribeClosesTheMapsDescriptors) {
     CHILD_CHECK(open_maps_descriptors() == 0);
     const size_t fds = count_dir("/proc/self/fd");
     for (int round = 0; round < 3; ++round) {
-      Consumer *first = nullptr;
-      Consumer *second = nullptr;
-      CHILD_CHECK(Monitor::subscribe(&first) == MRC_OK);
-      CHILD_CHECK(Monitor::subscribe(&second) == MRC_OK);
+      Subscription *first = nullptr;
+      Subscription *second = nullptr;
+      CHILD_CHECK(uffd::subscribe(&first) == MRC_OK);
+      CHILD_CHECK(uffd::subscribe(&second) == MRC_OK);
       const size_t length = 4 * page_size();
       char *p = static_cast<char *>(
           mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-      CHILD_CHECK(first->watch(u(p), length) == WatchResult::Watched);
+      CHILD_CHECK(uffd::watch(u(p), length) == WatchResult::Watched);
       CHILD_CHECK(open_maps_descriptors() >= 1);  // the watch queried the mapping
-      first->unwatch(u(p), length);
-      Monitor::unsubscribe(first);
+      uffd::unwatch(u(p), length);
+      uffd::unsubscribe(first);
       CHILD_CHECK(open_maps_descriptors() >= 1);  // a subscriber is left: kept for it
-      Monitor::unsubscribe(second);
+      uffd::unsubscribe(second);
       CHILD_CHECK(open_maps_descriptors() == 0);
       CHILD_CHECK(count_dir("/proc/self/fd") == fds);
       munmap(p, length);
@@ -403,19 +407,19 @@ TEST(Seccomp, DeniedUserfaultfdMeansUncachedSaidOnce) {
     dup2(pipe_fds[1], STDERR_FILENO);
     CHILD_CHECK(install_filter_denying_userfaultfd() == 0);
     for (int i = 0; i < 3; ++i) {
-      Consumer *consumer = nullptr;
-      CHILD_CHECK(Monitor::subscribe(&consumer) == MRC_OK);
-      CHILD_CHECK(consumer->mode() == MRC_MONITOR_UNCACHED);
+      Subscription *subscription = nullptr;
+      CHILD_CHECK(uffd::subscribe(&subscription) == MRC_OK);
+      CHILD_CHECK(subscription->mode() == MRC_MONITOR_UNCACHED);
       char why[256];
       char *p = static_cast<char *>(
           mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-      CHILD_CHECK(consumer->watch(u(p), 4096, why, sizeof(why)) == WatchResult::NotMonitorable);
-      CHILD_CHECK(consumer->quiescent());
+      CHILD_CHECK(uffd::watch(u(p), 4096, why, sizeof(why)) == WatchResult::NotMonitorable);
+      CHILD_CHECK(subscription->quiescent());
       mrc_monitor_info_t info;
       mrc_monitor_info(&info);
       CHILD_CHECK(strstr(info.reason, "EPERM") != nullptr);
       CHILD_CHECK(info.running == 0);
-      Monitor::unsubscribe(consumer);
+      uffd::unsubscribe(subscription);
       munmap(p, 4096);
     }
     _exit(0);

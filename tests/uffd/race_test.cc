@@ -1,4 +1,4 @@
-// The invariant under concurrency: once munmap has returned, a consumer that trusts its page
+// The invariant under concurrency: once munmap has returned, a subscription that trusts its page
 // table (quiescent()) has applied the record of that munmap.
 #include <sys/mman.h>
 
@@ -10,6 +10,7 @@
 
 #include "tests/uffd/fixtures.h"
 #include "tests/uffd/helpers.h"
+#include "uffd/testing.h"
 
 namespace mrc::uffd::test {
 namespace {
@@ -49,7 +50,7 @@ TEST_F(Race, UnmapThenRemapAtTheSameAddress) {
     while (!stop.load(std::memory_order_relaxed)) {
       {
         std::lock_guard<std::mutex> hold(drain_lock);
-        EXPECT_EQ(consumer_->drain(apply), DrainResult::Ok);
+        EXPECT_EQ(subscription_->drain(apply), DrainResult::Ok);
       }
       std::this_thread::yield();
     }
@@ -79,18 +80,18 @@ TEST_F(Race, UnmapThenRemapAtTheSameAddress) {
     }
     ASSERT_EQ(p, a) << "round " << round;
     ++expected;
-    ASSERT_EQ(consumer_->watch(u(a), length), WatchResult::Watched) << "round " << round;
+    ASSERT_EQ(uffd::watch(u(a), length), WatchResult::Watched) << "round " << round;
     ASSERT_EQ(munmap(a, length), 0);
-    if (consumer_->quiescent()) {
+    if (subscription_->quiescent()) {
       ++trusted;
       ASSERT_GE(applied.load(std::memory_order_relaxed), expected)
           << "round " << round << ": trusted the page table before the unmap was applied";
     } else {
       std::lock_guard<std::mutex> hold(drain_lock);
-      ASSERT_EQ(consumer_->drain(apply), DrainResult::Ok);
+      ASSERT_EQ(subscription_->drain(apply), DrainResult::Ok);
       ASSERT_GE(applied.load(std::memory_order_relaxed), expected) << "round " << round;
     }
-    consumer_->unwatch(u(a), length);
+    uffd::unwatch(u(a), length);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -105,20 +106,20 @@ TEST_F(Race, MunmapFromAnotherThread) {
   const size_t length = 16 * page_size();
   for (int round = 0; round < 2000 / kScale; ++round) {
     char *p = map_anonymous(length);
-    ASSERT_EQ(consumer_->watch(u(p), length), WatchResult::Watched);
+    ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
     std::thread unmapper([p, length] { ASSERT_EQ(munmap(p, length), 0); });
     unmapper.join();
-    ASSERT_FALSE(consumer_->quiescent()) << "round " << round;
-    const auto records = drain_all(consumer_);
+    ASSERT_FALSE(subscription_->quiescent()) << "round " << round;
+    const auto records = drain_all(subscription_);
     ASSERT_TRUE(covered(records, u(p), u(p) + length, InvalidationKind::Unmap))
         << "round " << round << "\n"
         << describe(records);
-    EXPECT_TRUE(consumer_->quiescent());
-    consumer_->unwatch(u(p), length);
+    EXPECT_TRUE(subscription_->quiescent());
+    uffd::unwatch(u(p), length);
   }
 }
 
-// Several threads, each a cache of its own (its own consumer), watch, unmap and drain at once;
+// Several threads, each a cache of its own (its own subscription), watch, unmap and drain at once;
 // every one sees its own records (the queue is a broadcast), while another thread keeps
 // subscribing and leaving. Each thread keeps an address range of its own, and "unmaps" by
 // mapping PROT_NONE over its buffer (MAP_FIXED: an UNMAP event, and never a hole another thread
@@ -132,16 +133,16 @@ TEST_F(Race, ManyCachesAtOnce) {
   std::atomic<bool> stop{false};
   Joined churn(&stop, std::thread([&] {
     while (!stop.load()) {
-      Consumer *extra = nullptr;
-      if (Monitor::subscribe(&extra) == MRC_OK) Monitor::unsubscribe(extra);
+      Subscription *extra = nullptr;
+      if (uffd::subscribe(&extra) == MRC_OK) uffd::unsubscribe(extra);
       std::this_thread::yield();
     }
   }));
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      Consumer *mine = nullptr;
-      if (Monitor::subscribe(&mine) != MRC_OK) {
+      Subscription *mine = nullptr;
+      if (uffd::subscribe(&mine) != MRC_OK) {
         failures.fetch_add(1);
         return;
       }
@@ -157,7 +158,7 @@ TEST_F(Race, ManyCachesAtOnce) {
           break;
         }
         char why[256];
-        if (mine->watch(u(p), length, why, sizeof(why)) != WatchResult::Watched) {
+        if (uffd::watch(u(p), length, why, sizeof(why)) != WatchResult::Watched) {
           if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch: " << why;
           continue;
         }
@@ -166,14 +167,14 @@ TEST_F(Race, ManyCachesAtOnce) {
         const DrainResult result = mine->drain([&](const Invalidation &r) {
           seen = seen || (r.start <= u(p) && r.end >= u(p) + length);
         });
-        // Four busy threads can lap a consumer only if the queue is tiny; it is not.
+        // Four busy threads can lap a subscription only if the queue is tiny; it is not.
         if ((result != DrainResult::Ok || !seen) && failures.fetch_add(1) < 3) {
           ADD_FAILURE() << "drain " << static_cast<int>(result) << " seen " << seen;
         }
-        mine->unwatch(u(p), length);
+        uffd::unwatch(u(p), length);
       }
       munmap(reserved, length + 2 * page_size());
-      Monitor::unsubscribe(mine);
+      uffd::unsubscribe(mine);
     });
   }
   for (auto &thread : threads) thread.join();
@@ -211,8 +212,8 @@ void unmap_alone_pages(char *p, size_t pages) {
 
 void FastPathRace::let_the_idle_mapping_go() {
   char *third = map_alone_pages(1);
-  ASSERT_EQ(consumer_->watch(u(third), page_size()), WatchResult::Watched);
-  consumer_->unwatch(u(third), page_size());
+  ASSERT_EQ(uffd::watch(u(third), page_size()), WatchResult::Watched);
+  uffd::unwatch(u(third), page_size());
   unmap_alone_pages(third, 1);
 }
 
@@ -234,7 +235,7 @@ TEST_F(FastPathRace, WatchersAgainstTheLastUnwatch) {
     threads.emplace_back([&, t] {
       for (int round = 0; round < rounds; ++round) {
         char *page = m[(round / 8 + t) % 2] + static_cast<size_t>(t) * page_size();
-        if (consumer_->watch(u(page), page_size()) != WatchResult::Watched) {
+        if (uffd::watch(u(page), page_size()) != WatchResult::Watched) {
           if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
           break;
         }
@@ -242,7 +243,7 @@ TEST_F(FastPathRace, WatchersAgainstTheLastUnwatch) {
         if (round % 16 == t && !registered_with_uffd(u(page)) && failures.fetch_add(1) < 3) {
           ADD_FAILURE() << "round " << round << ": a watched page is not registered";
         }
-        consumer_->unwatch(u(page), page_size());
+        uffd::unwatch(u(page), page_size());
       }
     });
   }
@@ -269,27 +270,27 @@ TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
   const int churn_rounds = 300 / kScale;
   const size_t page = page_size();
   char *m = map_alone_pages(kPages);
-  ASSERT_EQ(consumer_->watch(u(m), page), WatchResult::Watched);  // the anchor
+  ASSERT_EQ(uffd::watch(u(m), page), WatchResult::Watched);  // the anchor
   std::atomic<bool> churned{false};
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kWatchers; ++t) {
     threads.emplace_back([&, t] {
       constexpr size_t kBatch = 8;
-      Consumer::Range batch[kBatch];
+      WatchRange batch[kBatch];
       uint64_t i = static_cast<uint64_t>(t);
       for (int round = 0; !churned.load() || round < 2000 / kScale; ++round) {
         for (auto &range : batch) {
           range = {u(m + (1 + i++ % 199) * page), page};
-          if (consumer_->watch(range.start, range.length) != WatchResult::Watched) {
+          if (uffd::watch(range.start, range.length) != WatchResult::Watched) {
             if (failures.fetch_add(1) < 3) ADD_FAILURE() << "watch failed, round " << round;
             return;
           }
         }
         if (round % 2 == 0) {
-          consumer_->unwatch_many(batch, kBatch);
+          uffd::unwatch_many(batch, kBatch);
         } else {
-          for (const auto &range : batch) consumer_->unwatch(range.start, range.length);
+          for (const auto &range : batch) uffd::unwatch(range.start, range.length);
         }
       }
     });
@@ -298,14 +299,14 @@ TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
     char *hole = m + kHole * page;
     for (int round = 0; round < churn_rounds; ++round) {
       char *other = map_alone_pages(4);
-      EXPECT_EQ(consumer_->watch(u(other), page), WatchResult::Watched);
+      EXPECT_EQ(uffd::watch(u(other), page), WatchResult::Watched);
       EXPECT_EQ(munmap(hole, page), 0);
       void *again = mmap(hole, page, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
       EXPECT_EQ(again, hole);
-      EXPECT_EQ(consumer_->watch(u(hole), page), WatchResult::Watched);
-      consumer_->unwatch(u(hole), page);
-      consumer_->unwatch(u(other), page);
+      EXPECT_EQ(uffd::watch(u(hole), page), WatchResult::Watched);
+      uffd::unwatch(u(hole), page);
+      uffd::unwatch(u(other), page);
       unmap_alone_pages(other, 4);
     }
     churned.store(true);
@@ -314,7 +315,7 @@ TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_TRUE(registered_with_uffd(u(m + 210 * page)))
       << "the anchor's mapping was let go while the anchor held it";
-  consumer_->unwatch(u(m), page);
+  uffd::unwatch(u(m), page);
   let_the_idle_mapping_go();
   EXPECT_FALSE(registered_with_uffd(u(m + 210 * page)))
       << "a watch was counted twice, or never released";

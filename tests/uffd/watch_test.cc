@@ -18,6 +18,7 @@
 
 #include "tests/uffd/fixtures.h"
 #include "tests/uffd/helpers.h"
+#include "uffd/testing.h"
 
 namespace mrc::uffd::test {
 namespace {
@@ -41,21 +42,21 @@ class Watch : public SubscribedTest {
   }
   // A fresh monitor that keeps `idle` idle mappings registered (0: unregister at once).
   void restart(int64_t idle, uint64_t budget = 0) {
-    Monitor::unsubscribe(consumer_);
-    consumer_ = nullptr;
+    uffd::unsubscribe(subscription_);
+    subscription_ = nullptr;
     testing::set_idle_vmas(idle);
     testing::set_vma_budget(budget);
-    ASSERT_EQ(Monitor::subscribe(&consumer_), MRC_OK);
+    ASSERT_EQ(uffd::subscribe(&subscription_), MRC_OK);
   }
   WatchResult try_watch(const void *p, size_t length) {
     why_[0] = '\0';
-    return consumer_->watch(u(p), length, why_, sizeof(why_));
+    return uffd::watch(u(p), length, why_, sizeof(why_));
   }
   void watch(const void *p, size_t length) {
     ASSERT_EQ(try_watch(p, length), WatchResult::Watched) << why_;
   }
-  void unwatch(const void *p, size_t length) { consumer_->unwatch(u(p), length); }
-  std::vector<Invalidation> drain() { return drain_all(consumer_); }
+  void unwatch(const void *p, size_t length) { uffd::unwatch(u(p), length); }
+  std::vector<Invalidation> drain() { return drain_all(subscription_); }
   // Unmaps one page and says whether the monitor reported it.
   bool unmap_is_reported(char *page) {
     EXPECT_EQ(munmap(page, page_size()), 0);
@@ -157,11 +158,11 @@ TEST_F(Watch, UnwatchManyDropsEachWatchOnce) {
   watch(p, page);
   watch(p, page);
   watch(p + 4 * page, page);
-  const Consumer::Range ranges[] = {{u(p), page}, {u(p + 4 * page), page}};
-  consumer_->unwatch_many(ranges, 2);
+  const WatchRange ranges[] = {{u(p), page}, {u(p + 4 * page), page}};
+  uffd::unwatch_many(ranges, 2);
   // One of the two watches of the first page is left: the mapping stays registered.
   EXPECT_TRUE(unmap_is_reported(p + 7 * page));
-  consumer_->unwatch_many(ranges, 1);
+  uffd::unwatch_many(ranges, 1);
   EXPECT_EQ(monitor_info().watched_bytes, 0u);
   EXPECT_FALSE(unmap_is_reported(p + 6 * page));
   unmap_alone(p, 8 * page);
@@ -211,16 +212,13 @@ TEST_F(Watch, WatchesThatOnlyCountTakeNoLock) {
   watch(p, page);  // the mapping's first watch: registers it, makes its piece
   const uint64_t before = testing::registrations();
   EXPECT_TRUE(finishes_while_registry_locked(
-      [&] { EXPECT_EQ(consumer_->watch(u(p + 5 * page), page), WatchResult::Watched); },
-      kPatience));
+      [&] { EXPECT_EQ(uffd::watch(u(p + 5 * page), page), WatchResult::Watched); }, kPatience));
   EXPECT_TRUE(finishes_while_registry_locked(
-      [&] { EXPECT_EQ(consumer_->watch(u(p + 5 * page), 3 * page), WatchResult::Watched); },
-      kPatience));
-  EXPECT_TRUE(finishes_while_registry_locked([&] { consumer_->unwatch(u(p + 5 * page), page); },
-                                             kPatience));
-  const Consumer::Range ranges[] = {{u(p + 5 * page), 3 * page}};
+      [&] { EXPECT_EQ(uffd::watch(u(p + 5 * page), 3 * page), WatchResult::Watched); }, kPatience));
   EXPECT_TRUE(
-      finishes_while_registry_locked([&] { consumer_->unwatch_many(ranges, 1); }, kPatience));
+      finishes_while_registry_locked([&] { uffd::unwatch(u(p + 5 * page), page); }, kPatience));
+  const WatchRange ranges[] = {{u(p + 5 * page), 3 * page}};
+  EXPECT_TRUE(finishes_while_registry_locked([&] { uffd::unwatch_many(ranges, 1); }, kPatience));
   EXPECT_EQ(testing::registrations(), before);
   // Counted exactly: the first watch is the only one left, and it keeps the mapping registered.
   EXPECT_TRUE(registered_with_uffd(u(p + 12 * page)));
@@ -237,14 +235,14 @@ TEST_F(Watch, ARunOfEqualUnwatchesDropsTogetherDownToTheLastWatch) {
   const size_t page = page_size();
   char *p = map_alone(16 * page);
   for (int i = 0; i < 5; ++i) watch(p, page);
-  const Consumer::Range run[] = {{u(p), page}, {u(p), page}, {u(p), page}, {u(p), page}};
-  EXPECT_TRUE(finishes_while_registry_locked([&] { consumer_->unwatch_many(run, 4); }, kPatience));
+  const WatchRange run[] = {{u(p), page}, {u(p), page}, {u(p), page}, {u(p), page}};
+  EXPECT_TRUE(finishes_while_registry_locked([&] { uffd::unwatch_many(run, 4); }, kPatience));
   EXPECT_TRUE(registered_with_uffd(u(p + 12 * page))) << "one watch is left";
-  consumer_->unwatch_many(run, 1);
+  uffd::unwatch_many(run, 1);
   EXPECT_EQ(monitor_info().watched_bytes, 0u);
   // A run as long as the watches: all but the last without the lock, the last with it.
   for (int i = 0; i < 3; ++i) watch(p, page);
-  consumer_->unwatch_many(run, 3);
+  uffd::unwatch_many(run, 3);
   EXPECT_EQ(monitor_info().watched_bytes, 0u);
   EXPECT_FALSE(registered_with_uffd(u(p + 12 * page)));
   unmap_alone(p, 16 * page);
@@ -257,9 +255,8 @@ TEST_F(Watch, FirstAndLastWatchesTakeTheLock) {
   const size_t page = page_size();
   char *p = map_alone(16 * page);
   EXPECT_FALSE(finishes_while_registry_locked(
-      [&] { EXPECT_EQ(consumer_->watch(u(p), page), WatchResult::Watched); }, kShortPatience));
-  EXPECT_FALSE(
-      finishes_while_registry_locked([&] { consumer_->unwatch(u(p), page); }, kShortPatience));
+      [&] { EXPECT_EQ(uffd::watch(u(p), page), WatchResult::Watched); }, kShortPatience));
+  EXPECT_FALSE(finishes_while_registry_locked([&] { uffd::unwatch(u(p), page); }, kShortPatience));
   EXPECT_EQ(monitor_info().watched_bytes, 0u);
   unmap_alone(p, 16 * page);
 }
@@ -423,7 +420,7 @@ TEST_F(Watch, AWatchInTheUnmapWindowDoesNotWaitAndTheRecordCorrectsIt) {
   std::atomic<bool> watched{false};
   WatchResult result = WatchResult::NotMonitorable;
   std::thread watcher([&] {
-    result = consumer_->watch(u(hole), page);
+    result = uffd::watch(u(hole), page);
     watched.store(true);
   });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -542,8 +539,7 @@ TEST_F(Watch, ReadOnlySharedFileIsNotMonitorable) {
 TEST_F(Watch, EmptyAndWrappingRangesAreRefused) {
   char *p = map_anonymous(page_size());
   EXPECT_EQ(try_watch(p, 0), WatchResult::NotMonitorable);
-  EXPECT_EQ(consumer_->watch(UINTPTR_MAX - 100, 4096, why_, sizeof(why_)),
-            WatchResult::NotMonitorable);
+  EXPECT_EQ(uffd::watch(UINTPTR_MAX - 100, 4096, why_, sizeof(why_)), WatchResult::NotMonitorable);
   unwatch(p, 0);  // harmless
   munmap(p, page_size());
 }
@@ -711,14 +707,14 @@ TEST_F(Watch, ReRegistersAfterAMove) {
 
 TEST(WatchUncached, MonitorOffWatchesNothing) {
   ScopedEnv off("MRC_MONITOR", "off");
-  Subscription consumer;
-  EXPECT_EQ(consumer->mode(), MRC_MONITOR_UNCACHED);
+  ScopedSubscription subscription;
+  EXPECT_EQ(subscription->mode(), MRC_MONITOR_UNCACHED);
   char why[256];
   char *p = map_anonymous(page_size());
-  EXPECT_EQ(consumer->watch(u(p), page_size(), why, sizeof(why)), WatchResult::NotMonitorable);
+  EXPECT_EQ(uffd::watch(u(p), page_size(), why, sizeof(why)), WatchResult::NotMonitorable);
   EXPECT_NE(std::string(why).find("uncached"), std::string::npos) << why;
-  EXPECT_TRUE(consumer->quiescent());
-  EXPECT_EQ(consumer->drain([](const Invalidation &) { FAIL(); }), DrainResult::Ok);
+  EXPECT_TRUE(subscription->quiescent());
+  EXPECT_EQ(subscription->drain([](const Invalidation &) { FAIL(); }), DrainResult::Ok);
   const mrc_monitor_info_t info = monitor_info();
   EXPECT_EQ(info.mode, MRC_MONITOR_UNCACHED);
   EXPECT_STREQ(info.mode_name, "uncached");

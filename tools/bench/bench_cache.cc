@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "mrcache/mrcache.h"
-#include "uffd/uffd.h"
+#include "uffd/testing.h"
 
 #ifdef MRC_HAVE_UCX
 #include <ucm/api/ucm.h>
@@ -234,8 +234,8 @@ void BM_SyscallGetpid(benchmark::State &state) {
 }
 BENCHMARK(BM_SyscallGetpid)->Threads(1)->Threads(2)->UseRealTime();
 
-// The exact mode's probe alone: the raw ioctl that uffd::Consumer::probe_unmaps() issues per get
-// (UFFDIO_ZEROPAGE of an empty range: EINVAL while no unmap is in flight). On the monitor's
+// The exact mode's probe alone: the raw ioctl that uffd::Subscription::probe_unmaps() issues per
+// get (UFFDIO_ZEROPAGE of an empty range: EINVAL while no unmap is in flight). On the monitor's
 // descriptor, every thread probes one struct file, whose reference count fdget takes in a
 // multithreaded process; own_fd gives each thread a userfaultfd of its own, the same ioctl
 // without that shared line, so the two at 2 threads show whether the sharing costs.

@@ -51,13 +51,14 @@
 #include <thread>
 #include <vector>
 
+#include "uffd/testing.h"
 #include "uffd/uffd.h"
 
 namespace {
 
-using mrc::uffd::Consumer;
 using mrc::uffd::Invalidation;
 using mrc::uffd::Monitor;
+using mrc::uffd::Subscription;
 using mrc::uffd::WatchResult;
 
 constexpr size_t kRange = 64 << 10;
@@ -96,12 +97,12 @@ void report(benchmark::State &state, std::vector<double> &samples, const std::st
 
 // A subscription for one benchmark run.
 struct Subscribed {
-  Consumer *consumer = nullptr;
+  Subscription *subscription = nullptr;
   Subscribed() {
-    if (Monitor::subscribe(&consumer) != MRC_OK) std::abort();
+    if (mrc::uffd::subscribe(&subscription) != MRC_OK) std::abort();
   }
-  ~Subscribed() { Monitor::unsubscribe(consumer); }
-  bool cached() const { return consumer->mode() != MRC_MONITOR_UNCACHED; }
+  ~Subscribed() { mrc::uffd::unsubscribe(subscription); }
+  bool cached() const { return subscription->mode() != MRC_MONITOR_UNCACHED; }
 };
 
 // Where every timed munmap happens: 64 KiB between two PROT_NONE guard pages. The mapping timed
@@ -243,13 +244,13 @@ void BM_MonitorRoundTrip(benchmark::State &state) {
     for (auto _ : state) {
       char *p = slot.map();
       if (p == nullptr ||
-          sub.consumer->watch(reinterpret_cast<uintptr_t>(p), kRange) != WatchResult::Watched) {
+          mrc::uffd::watch(reinterpret_cast<uintptr_t>(p), kRange) != WatchResult::Watched) {
         state.SkipWithError("could not map and watch the range");
         break;
       }
       timed(state, samples, [p] { munmap(p, kRange); });
-      (void)sub.consumer->drain([](const Invalidation &) {});
-      sub.consumer->unwatch(reinterpret_cast<uintptr_t>(p), kRange);
+      (void)sub.subscription->drain([](const Invalidation &) {});
+      mrc::uffd::unwatch(reinterpret_cast<uintptr_t>(p), kRange);
     }
     report(state, samples, keyed(poll_loop ? "roundtrip_poll" : "roundtrip", placement));
   }
@@ -352,12 +353,12 @@ void BM_MonitorMunmapUnwatched(benchmark::State &state) {
   const Slot elsewhere;
   char *watched = elsewhere.map();
   if (watched == nullptr ||
-      sub.consumer->watch(reinterpret_cast<uintptr_t>(watched), kRange) != WatchResult::Watched) {
+      mrc::uffd::watch(reinterpret_cast<uintptr_t>(watched), kRange) != WatchResult::Watched) {
     state.SkipWithError("could not map and watch memory elsewhere");
     return;
   }
   time_munmaps(state, "unwatched_monitor");
-  sub.consumer->unwatch(reinterpret_cast<uintptr_t>(watched), kRange);
+  mrc::uffd::unwatch(reinterpret_cast<uintptr_t>(watched), kRange);
   munmap(watched, kRange);
 }
 // Alternating runs of both, so that drift on the shared machine hits both alike.

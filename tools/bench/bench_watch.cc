@@ -1,4 +1,4 @@
-// Watching memory (Consumer::watch/unwatch) and what a watched mapping costs the application:
+// Watching memory (mrc::uffd::watch/unwatch) and what a watched mapping costs the application:
 //
 //   BM_WatchArmed                 watch() of a page in a mapping that is already registered.
 //   BM_UnwatchArmed               unwatch() of such a page (the mapping keeps other watches).
@@ -28,27 +28,28 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "uffd/testing.h"
 #include "uffd/uffd.h"
 
 namespace {
 
-using mrc::uffd::Consumer;
 using mrc::uffd::Invalidation;
 using mrc::uffd::Monitor;
+using mrc::uffd::Subscription;
 using mrc::uffd::WatchResult;
 
 constexpr size_t kPage = 4096;
 constexpr size_t kMapping = size_t{64} << 20;
 
 struct Subscribed {
-  Consumer *consumer = nullptr;
+  Subscription *subscription = nullptr;
   Subscribed() {
-    if (Monitor::subscribe(&consumer) != MRC_OK) std::abort();
+    if (mrc::uffd::subscribe(&subscription) != MRC_OK) std::abort();
   }
-  ~Subscribed() { Monitor::unsubscribe(consumer); }
+  ~Subscribed() { mrc::uffd::unsubscribe(subscription); }
   Subscribed(const Subscribed &) = delete;
   Subscribed &operator=(const Subscribed &) = delete;
-  bool cached() const { return consumer->mode() != MRC_MONITOR_UNCACHED; }
+  bool cached() const { return subscription->mode() != MRC_MONITOR_UNCACHED; }
 };
 
 // A 64 MiB mapping, never touched (MAP_NORESERVE); unmapped at the end.
@@ -67,15 +68,15 @@ struct Mapping {
   uintptr_t at(size_t offset) const { return reinterpret_cast<uintptr_t>(base) + offset; }
 };
 
-// A Mapping with one page at its start watched, so that it stays armed.
+// A Mapping with one page at its start watched, so that it stays armed. Watches need the monitor
+// that a subscription keeps running.
 struct ArmedMapping : Mapping {
-  Consumer *consumer;
   bool ok = false;
-  explicit ArmedMapping(Consumer *c) : consumer(c) {
-    ok = base != nullptr && consumer->watch(at(0), kPage) == WatchResult::Watched;
+  explicit ArmedMapping(const Subscribed & /*running*/) {
+    ok = base != nullptr && mrc::uffd::watch(at(0), kPage) == WatchResult::Watched;
   }
   ~ArmedMapping() {
-    if (ok) consumer->unwatch(at(0), kPage);
+    if (ok) mrc::uffd::unwatch(at(0), kPage);
   }
   ArmedMapping(const ArmedMapping &) = delete;
   ArmedMapping &operator=(const ArmedMapping &) = delete;
@@ -107,47 +108,47 @@ void check_no_registration(benchmark::State &state, uint64_t before) {
 
 void BM_WatchArmed(benchmark::State &state) {
   Subscribed sub;
-  ArmedMapping mapping(sub.consumer);
+  ArmedMapping mapping(sub);
   if (!usable(state, sub, mapping)) return;
   const uint64_t registrations = mrc::uffd::testing::registrations();
   uint64_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(sub.consumer->watch(mapping.page(i++), kPage));
+    benchmark::DoNotOptimize(mrc::uffd::watch(mapping.page(i++), kPage));
   }
   check_no_registration(state, registrations);
-  for (uint64_t k = 0; k < i; ++k) sub.consumer->unwatch(mapping.page(k), kPage);
+  for (uint64_t k = 0; k < i; ++k) mrc::uffd::unwatch(mapping.page(k), kPage);
 }
 BENCHMARK(BM_WatchArmed);
 
 void BM_UnwatchArmed(benchmark::State &state) {
   constexpr uint64_t kCount = uint64_t{1} << 20;
   Subscribed sub;
-  ArmedMapping mapping(sub.consumer);
+  ArmedMapping mapping(sub);
   if (!usable(state, sub, mapping)) return;
   for (uint64_t k = 0; k < kCount; ++k) {
-    if (sub.consumer->watch(mapping.page(k), kPage) != WatchResult::Watched) {
+    if (mrc::uffd::watch(mapping.page(k), kPage) != WatchResult::Watched) {
       state.SkipWithError("watch failed");
       return;
     }
   }
   const uint64_t registrations = mrc::uffd::testing::registrations();
   uint64_t i = 0;
-  for (auto _ : state) sub.consumer->unwatch(mapping.page(i++), kPage);
+  for (auto _ : state) mrc::uffd::unwatch(mapping.page(i++), kPage);
   check_no_registration(state, registrations);
-  for (; i < kCount; ++i) sub.consumer->unwatch(mapping.page(i), kPage);
+  for (; i < kCount; ++i) mrc::uffd::unwatch(mapping.page(i), kPage);
 }
 BENCHMARK(BM_UnwatchArmed)->Iterations(uint64_t{1} << 20);
 
 void BM_WatchUnwatchArmed(benchmark::State &state) {
   Subscribed sub;
-  ArmedMapping mapping(sub.consumer);
+  ArmedMapping mapping(sub);
   if (!usable(state, sub, mapping)) return;
   const uint64_t registrations = mrc::uffd::testing::registrations();
   uint64_t i = 0;
   for (auto _ : state) {
     const uintptr_t at = mapping.page(i++);
-    benchmark::DoNotOptimize(sub.consumer->watch(at, kPage));
-    sub.consumer->unwatch(at, kPage);
+    benchmark::DoNotOptimize(mrc::uffd::watch(at, kPage));
+    mrc::uffd::unwatch(at, kPage);
   }
   check_no_registration(state, registrations);
 }
@@ -156,7 +157,7 @@ BENCHMARK(BM_WatchUnwatchArmed);
 void BM_WatchUnwatchArmedShared(benchmark::State &state) {
   struct Shared {
     Subscribed sub;
-    ArmedMapping mapping{sub.consumer};
+    ArmedMapping mapping{sub};
   };
   static Shared *shared = nullptr;  // made by thread 0; the loop's start barrier publishes it
   if (state.thread_index() == 0) shared = new Shared;
@@ -168,8 +169,8 @@ void BM_WatchUnwatchArmedShared(benchmark::State &state) {
       registrations = mrc::uffd::testing::registrations();
     }
     const uintptr_t at = shared->mapping.page(i++);
-    benchmark::DoNotOptimize(shared->sub.consumer->watch(at, kPage));
-    shared->sub.consumer->unwatch(at, kPage);
+    benchmark::DoNotOptimize(mrc::uffd::watch(at, kPage));
+    mrc::uffd::unwatch(at, kPage);
   }
   state.SetItemsProcessed(state.iterations());
   if (state.thread_index() == 0) {  // every thread has left the loop (its end barrier)
@@ -186,8 +187,8 @@ void BM_WatchUnwatchLast(benchmark::State &state) {
   if (!usable(state, sub, mapping.base != nullptr)) return;
   const uint64_t registrations = mrc::uffd::testing::registrations();
   for (auto _ : state) {
-    benchmark::DoNotOptimize(sub.consumer->watch(mapping.at(kPage), kPage));
-    sub.consumer->unwatch(mapping.at(kPage), kPage);
+    benchmark::DoNotOptimize(mrc::uffd::watch(mapping.at(kPage), kPage));
+    mrc::uffd::unwatch(mapping.at(kPage), kPage);
   }
   state.counters["registrations_per_op"] =
       benchmark::Counter(static_cast<double>(mrc::uffd::testing::registrations() - registrations),
@@ -204,8 +205,8 @@ void BM_WatchSpurious(benchmark::State &state) {
   char *base = mapping.base;
   // The watched page is the last one; the application works on the first half, 32 MiB away.
   char *watched_page = base + kMapping - kPage;
-  if (watched && sub.consumer->watch(reinterpret_cast<uintptr_t>(watched_page), kPage) !=
-                     WatchResult::Watched) {
+  if (watched &&
+      mrc::uffd::watch(reinterpret_cast<uintptr_t>(watched_page), kPage) != WatchResult::Watched) {
     state.SkipWithError("watch failed");
     return;
   }
@@ -228,8 +229,8 @@ void BM_WatchSpurious(benchmark::State &state) {
   Monitor::info(&info);
   state.counters["events_per_op"] = benchmark::Counter(
       static_cast<double>(info.events - events_before), benchmark::Counter::kAvgIterations);
-  (void)sub.consumer->drain([](const Invalidation &) {});
-  if (watched) sub.consumer->unwatch(reinterpret_cast<uintptr_t>(watched_page), kPage);
+  (void)sub.subscription->drain([](const Invalidation &) {});
+  if (watched) mrc::uffd::unwatch(reinterpret_cast<uintptr_t>(watched_page), kPage);
 }
 BENCHMARK(BM_WatchSpurious)
     ->ArgNames({"madvise", "watched"})

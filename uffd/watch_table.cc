@@ -1,5 +1,5 @@
-// Watched ranges (see watch.h for the model and the synchronization contract).
-#include "uffd/watch.h"
+// Watched ranges (see watch_table.h for the model and the synchronization contract).
+#include "uffd/watch_table.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include "base/check.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
+#include "uffd/modes.h"
 
 namespace mrc::uffd::detail {
 
@@ -25,16 +26,6 @@ namespace {
 // Registrations tried when the mapping changed between the lookup and the check after it.
 constexpr int kRegisterAttempts = 4;
 constexpr size_t kFirstCapacity = 16;
-
-const char *mode_word(mrc_monitor_mode_t mode) noexcept {
-  switch (mode) {
-    case MRC_MONITOR_WP_ASYNC: return "wp-async";
-    case MRC_MONITOR_WP: return "wp";
-    case MRC_MONITOR_MISSING: return "missing";
-    case MRC_MONITOR_UNCACHED: break;
-  }
-  return "uncached";
-}
 
 void explain_errno(char *why, size_t why_len, const char *what, int error, uintptr_t start,
                    uintptr_t end, mrc_monitor_mode_t mode) noexcept {
@@ -49,7 +40,7 @@ void explain_errno(char *why, size_t why_len, const char *what, int error, uintp
   }
   if (meaning == nullptr) meaning = "unknown error";
   snprintf(why, why_len, "%s [%#" PRIxPTR ", %#" PRIxPTR ") failed in %s mode: %s (%s)", what,
-           start, end, mode_word(mode), meaning, strerrorname_np(error));
+           start, end, mode_name(mode), meaning, strerrorname_np(error));
 }
 
 bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) noexcept {
@@ -69,21 +60,21 @@ const T *covering(const T *items, size_t count, uintptr_t start, uintptr_t end) 
 // ---- Ranges ----
 
 template <class T>
-size_t WatchSet::Ranges<T>::first_ending_above(uintptr_t address) const noexcept {
+size_t WatchTable::Ranges<T>::first_ending_above(uintptr_t address) const noexcept {
   const T *found = std::partition_point(items, items + count,
                                         [address](const T &item) { return item.end <= address; });
   return static_cast<size_t>(found - items);
 }
 
 template <class T>
-size_t WatchSet::Ranges<T>::first_starting_from(uintptr_t address) const noexcept {
+size_t WatchTable::Ranges<T>::first_starting_from(uintptr_t address) const noexcept {
   const T *found = std::partition_point(items, items + count,
                                         [address](const T &item) { return item.start < address; });
   return static_cast<size_t>(found - items);
 }
 
 template <class T>
-bool WatchSet::Ranges<T>::reserve(size_t more) noexcept {
+bool WatchTable::Ranges<T>::reserve(size_t more) noexcept {
   if (count + more <= capacity) return true;
   const size_t grown = std::max(kFirstCapacity, std::max(2 * capacity, count + more));
   T *fresh = new (std::nothrow) T[grown];
@@ -96,7 +87,7 @@ bool WatchSet::Ranges<T>::reserve(size_t more) noexcept {
 }
 
 template <class T>
-void WatchSet::Ranges<T>::insert_at(size_t index, const T &item) noexcept {
+void WatchTable::Ranges<T>::insert_at(size_t index, const T &item) noexcept {
   MRC_DASSERT(count < capacity && index <= count);
   std::copy_backward(items + index, items + count, items + count + 1);
   items[index] = item;
@@ -104,29 +95,29 @@ void WatchSet::Ranges<T>::insert_at(size_t index, const T &item) noexcept {
 }
 
 template <class T>
-void WatchSet::Ranges<T>::erase_at(size_t index) noexcept {
+void WatchTable::Ranges<T>::erase_at(size_t index) noexcept {
   std::copy(items + index + 1, items + count, items + index);
   --count;
 }
 
 template <class T>
-void WatchSet::Ranges<T>::release() noexcept {
+void WatchTable::Ranges<T>::release() noexcept {
   delete[] items;
   items = nullptr;
   count = 0;
   capacity = 0;
 }
 
-// ---- WatchSet: entries and pieces ----
+// ---- WatchTable: entries and pieces ----
 
-const WatchSet::Entry *WatchSet::containing(uintptr_t address) const noexcept {
+const WatchTable::Entry *WatchTable::containing(uintptr_t address) const noexcept {
   const size_t at = entries_.first_ending_above(address);
   return at < entries_.count && entries_.items[at].start <= address ? &entries_.items[at] : nullptr;
 }
 
 // Adds (or removes) the entry's bytes and idleness to (from) the totals. On add, the pieces over
 // it are counted afresh (its shape is new).
-void WatchSet::account(Entry *entry, bool add) noexcept {
+void WatchTable::account(Entry *entry, bool add) noexcept {
   const uint64_t bytes = entry->end - entry->start;
   if (add) {
     entry->pieces = pieces_.overlapping(entry->start, entry->end);
@@ -140,7 +131,7 @@ void WatchSet::account(Entry *entry, bool add) noexcept {
 }
 
 // A piece [start, end) appeared or went: so did one piece of each entry it overlaps.
-void WatchSet::pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept {
+void WatchTable::pieces_changed(uintptr_t start, uintptr_t end, bool added) noexcept {
   for (size_t at = entries_.first_ending_above(start);
        at < entries_.count && entries_.items[at].start < end; ++at) {
     Entry &entry = entries_.items[at];
@@ -160,7 +151,7 @@ void WatchSet::pieces_changed(uintptr_t start, uintptr_t end, bool added) noexce
 }
 
 // [start, end) is registered: one entry with every entry it overlaps or touches.
-bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
+bool WatchTable::record(uintptr_t start, uintptr_t end) noexcept {
   const size_t first = entries_.first_ending_above(start - 1);  // ends at `start` or later
   size_t last = first;
   uintptr_t merged_start = start;
@@ -182,7 +173,7 @@ bool WatchSet::record(uintptr_t start, uintptr_t end) noexcept {
   return true;
 }
 
-void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
+void WatchTable::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
   if (start >= end) return;
   bool hole = false;  // registered memory is left next to [start, end)
   for (size_t at = entries_.first_ending_above(start);
@@ -216,7 +207,7 @@ void WatchSet::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
 
 // A mapping that lies inside the hole an unmap cut into registered memory, and so was most
 // likely mapped over it (MAP_FIXED), is registered whole.
-void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
+void WatchTable::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
   os::Vma mapping;
   if (os::query_vma(start, &mapping) != MRC_OK || mapping.start < start || mapping.end > end) {
     return;  // a plain hole, or a mapping that reaches beyond it
@@ -226,7 +217,7 @@ void WatchSet::adopt_replacement(uintptr_t start, uintptr_t end) noexcept {
   (void)register_from(mapping.start, mapping.end, &next, nullptr, 0);
 }
 
-void WatchSet::forget_all() noexcept {
+void WatchTable::forget_all() noexcept {
   stale_ = true;
   entries_.count = 0;
   watched_bytes_ = 0;
@@ -236,7 +227,7 @@ void WatchSet::forget_all() noexcept {
 
 // Counts one watch of [start, end), which lies inside one entry: in every piece under it, and in
 // new pieces where there is none.
-bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
+bool WatchTable::count_watch(uintptr_t start, uintptr_t end) noexcept {
   size_t first = pieces_.first_ending_above(start);
   if (first < pieces_.count && pieces_.items[first].start <= start &&
       pieces_.items[first].end >= end) {
@@ -291,7 +282,7 @@ bool WatchSet::count_watch(uintptr_t start, uintptr_t end) noexcept {
 
 // Counters for `count` new pieces, allocated before the first is inserted, so that running out
 // of memory leaves the table as it was.
-bool WatchSet::stock_spares(size_t count) noexcept {
+bool WatchTable::stock_spares(size_t count) noexcept {
   size_t stocked = 0;
   for (const PieceCount *spare = spares_; spare != nullptr && stocked < count;
        spare = spare->next) {
@@ -310,7 +301,7 @@ bool WatchSet::stock_spares(size_t count) noexcept {
 // the table dropped it (its last watch left; see publish()), or nullptr. REQUIRES: no piece of
 // the table overlaps [start, end). Reusing it makes a mapping's watch after its last unwatch
 // publish nothing.
-WatchSet::PieceCount *WatchSet::revivable(uintptr_t start, uintptr_t end) const noexcept {
+WatchTable::PieceCount *WatchTable::revivable(uintptr_t start, uintptr_t end) const noexcept {
   const Snapshot *snapshot = published_.load(std::memory_order_relaxed);  // our own store
   if (snapshot == nullptr) return nullptr;
   const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
@@ -319,7 +310,7 @@ WatchSet::PieceCount *WatchSet::revivable(uintptr_t start, uintptr_t end) const 
   return piece->count;
 }
 
-WatchSet::PieceCount *WatchSet::take_spare() noexcept {
+WatchTable::PieceCount *WatchTable::take_spare() noexcept {
   PieceCount *count = spares_;
   MRC_CHECK(count != nullptr);  // stock_spares() made them
   spares_ = count->next;
@@ -330,7 +321,7 @@ WatchSet::PieceCount *WatchSet::take_spare() noexcept {
 
 // ---- registration ----
 
-bool WatchSet::acceptable(const os::Vma &mapping, char *why, size_t why_len) const noexcept {
+bool WatchTable::acceptable(const os::Vma &mapping, char *why, size_t why_len) const noexcept {
   if (mapping.sysv_shm) {
     set_text(why, why_len,
              "SysV shared memory: the kernel reports no event for shmdt(), so a cached "
@@ -357,8 +348,8 @@ bool WatchSet::acceptable(const os::Vma &mapping, char *why, size_t why_len) con
 
 // Registers the mapping at `at` (in MISSING mode only its part in [at, end)), records it, and
 // sets *next to the end of what it registered. REQUIRES: no entry contains `at`.
-bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
-                             size_t why_len) {
+bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
+                               size_t why_len) {
   for (int attempt = 1;; ++attempt) {
     os::Vma mapping;
     const mrc_status_t status = os::query_vma(at, &mapping);
@@ -404,8 +395,9 @@ bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char 
       explain_errno(why, why_len, "UFFDIO_REGISTER", error, lo, hi, config_.mode);
       return false;
     }
-    // Only if one VMA still covers [lo, hi) was all of it registered (watch.h). A registration
-    // that fails this check stays in the kernel unrecorded: it costs spurious events only.
+    // Only if one VMA still covers [lo, hi) was all of it registered (watch_table.h). A
+    // registration that fails this check stays in the kernel unrecorded: it costs spurious events
+    // only.
     os::Vma after;
     if (os::query_vma(lo, &after) == MRC_OK && after.start <= lo && after.end >= hi) {
       if (!record(lo, hi)) {
@@ -425,7 +417,7 @@ bool WatchSet::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char 
   }
 }
 
-void WatchSet::unregister(uintptr_t start, uintptr_t end) noexcept {
+void WatchTable::unregister(uintptr_t start, uintptr_t end) noexcept {
   uffdio_range range{start, end - start};
   if (ioctl(config_.uffd, UFFDIO_UNREGISTER, &range) == 0 || errno != EINVAL) return;
   // EINVAL: a mapping in the range cannot be watched at all (it appeared after an unmap). The
@@ -441,7 +433,7 @@ void WatchSet::unregister(uintptr_t start, uintptr_t end) noexcept {
   }
 }
 
-void WatchSet::unregister_entry(size_t index) noexcept {
+void WatchTable::unregister_entry(size_t index) noexcept {
   uintptr_t lo = entries_.items[index].start;
   uintptr_t hi = entries_.items[index].end;
   account(&entries_.items[index], false);
@@ -463,7 +455,7 @@ void WatchSet::unregister_entry(size_t index) noexcept {
   unregister(lo, hi);
 }
 
-void WatchSet::evict_idle() noexcept {
+void WatchTable::evict_idle() noexcept {
   while (wants_eviction()) {
     size_t victim = entries_.count;
     uint64_t oldest = UINT64_MAX;
@@ -480,9 +472,9 @@ void WatchSet::evict_idle() noexcept {
   room_wanted_ = false;
 }
 
-// ---- WatchSet: public ----
+// ---- WatchTable: public ----
 
-void WatchSet::destroy_all() noexcept {
+void WatchTable::destroy_all() noexcept {
   // A reader with the old snapshot may still try these counts: 0 sends it to the mutex, where
   // the table is empty (the watch is forgotten, like every other).
   for (size_t i = 0; i < pieces_.count; ++i) {
@@ -501,12 +493,12 @@ void WatchSet::destroy_all() noexcept {
   room_wanted_ = false;
 }
 
-void WatchSet::reset(const WatchConfig &config) noexcept {
+void WatchTable::reset(const WatchConfig &config) noexcept {
   destroy_all();
   config_ = config;
 }
 
-WatchResult WatchSet::watch(uintptr_t start, uintptr_t end, char *why, size_t why_len) {
+WatchResult WatchTable::watch(uintptr_t start, uintptr_t end, char *why, size_t why_len) {
   MRC_DASSERT(start < end);
   if (config_.uffd < 0) {
     set_text(why, why_len, "the monitor runs uncached: nothing can be watched");
@@ -531,7 +523,7 @@ WatchResult WatchSet::watch(uintptr_t start, uintptr_t end, char *why, size_t wh
   return WatchResult::Watched;
 }
 
-void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
+void WatchTable::unwatch(uintptr_t start, uintptr_t end) noexcept {
   // No piece here: the watch was forgotten (fork, a stopped monitor); nothing to release.
   for (size_t at = pieces_.first_ending_above(start);
        at < pieces_.count && pieces_.items[at].start < end;) {
@@ -552,9 +544,9 @@ void WatchSet::unwatch(uintptr_t start, uintptr_t end) noexcept {
   }
 }
 
-// ---- WatchSet: the lock-free fast path ----
+// ---- WatchTable: the lock-free fast path ----
 
-bool WatchSet::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
+bool WatchTable::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
   const Snapshot *snapshot = published_.load(std::memory_order_acquire);
   if (snapshot == nullptr) return false;
   if (covering(snapshot->entries(), snapshot->entry_count, start, end) == nullptr) return false;
@@ -569,7 +561,7 @@ bool WatchSet::try_watch_fast(uintptr_t start, uintptr_t end) const noexcept {
   return true;
 }
 
-size_t WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end, size_t count) const noexcept {
+size_t WatchTable::try_unwatch_fast(uintptr_t start, uintptr_t end, size_t count) const noexcept {
   const Snapshot *snapshot = published_.load(std::memory_order_acquire);
   if (snapshot == nullptr) return 0;
   const Piece *piece = covering(snapshot->pieces(), snapshot->piece_count, start, end);
@@ -585,7 +577,7 @@ size_t WatchSet::try_unwatch_fast(uintptr_t start, uintptr_t end, size_t count) 
   return dropped;
 }
 
-void WatchSet::publish() noexcept {
+void WatchTable::publish() noexcept {
   if (!stale_) return;
   const Snapshot *fresh = nullptr;
   if (config_.uffd >= 0 && pieces_.count != 0) {  // no piece: nothing the fast path could count
@@ -609,13 +601,13 @@ void WatchSet::publish() noexcept {
   stale_ = false;
 }
 
-void WatchSet::withdraw() noexcept {
+void WatchTable::withdraw() noexcept {
   replace_snapshot(nullptr);
   stale_ = true;
 }
 
 // A piece left the table; its count is freed once no snapshot shows it (replace_snapshot).
-void WatchSet::drop_count(PieceCount *count) noexcept {
+void WatchTable::drop_count(PieceCount *count) noexcept {
   count->removed = true;
   if (count->listed) return;  // revived and dropped again since the last snapshot
   count->listed = true;
@@ -623,7 +615,7 @@ void WatchSet::drop_count(PieceCount *count) noexcept {
   unpublished_ = count;
 }
 
-void WatchSet::replace_snapshot(const Snapshot *fresh) noexcept {
+void WatchTable::replace_snapshot(const Snapshot *fresh) noexcept {
   // Release: pairs with the fast path's acquire load (the contents, and the registrations of the
   // entries in it, before the pointer).
   const Snapshot *old = published_.exchange(fresh, std::memory_order_release);
@@ -639,14 +631,8 @@ void WatchSet::replace_snapshot(const Snapshot *fresh) noexcept {
   }
 }
 
-void WatchSet::reclaim_count(void *count) noexcept { delete static_cast<PieceCount *>(count); }
+void WatchTable::reclaim_count(void *count) noexcept { delete static_cast<PieceCount *>(count); }
 
-void WatchSet::reclaim_snapshot(void *snapshot) noexcept { ::operator delete(snapshot); }
+void WatchTable::reclaim_snapshot(void *snapshot) noexcept { ::operator delete(snapshot); }
 
 }  // namespace mrc::uffd::detail
-
-namespace mrc::uffd::testing {
-void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
-  detail::g_before_register.store(hook, std::memory_order_relaxed);
-}
-}  // namespace mrc::uffd::testing

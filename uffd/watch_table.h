@@ -1,5 +1,5 @@
-// Watched ranges: what is registered with the userfaultfd, and how many watches each part of the
-// address space carries.
+// The watch table, private to uffd/ (its face is watches.h): what is registered with the
+// userfaultfd, and how many watches each part of the address space carries.
 //
 // Registration follows the kernel's VMAs. In the write-protect modes a watch registers every
 // whole VMA (mapping) it touches, never a part of one: registering part of a VMA splits it, and
@@ -44,9 +44,9 @@
 // The window: the kernel removes a VMA before it queues the UNMAP/REMAP event. Until the monitor
 // has read it, an entry can cover memory another thread has already mapped afresh at the same
 // address; a watch there is answered from the stale entry and registers nothing. A watch made
-// after Consumer::probe_unmaps() answered Read (an exact cache's get probes first) is outside
+// after Subscription::probe_unmaps() answered Read (an exact cache's get probes first) is outside
 // the window: the unmap's record is then published or `pending` raised, so the internal
-// consumer is not quiescent and the table is synced first (docs/DESIGN.md, "Exact under
+// subscription is not quiescent and the table is synced first (docs/DESIGN.md, "Exact under
 // concurrent unmaps"). Without the probe (fast mode), the record, once drained, invalidates
 // what was cached there and cuts the entry, so the next watch there registers.
 //
@@ -90,11 +90,11 @@
 //   the piece lay inside a registered entry when it was (re)made, and registered memory under a
 //   piece in the table is lost only to an unmap (forget), which the snapshot reflects:
 //   forget() runs only while draining the monitor's records, and withdraw() (a release
-//   store of null) precedes that drain; the drain advances the internal consumer's cursor
-//   (release) after it. The fast watch checks that consumer's quiescent() (acquire) before it
+//   store of null) precedes that drain; the drain advances the internal subscription's cursor
+//   (release) after it. The fast watch checks that subscription's quiescent() (acquire) before it
 //   loads the snapshot: if it sees the cursor past a record it sees null or a later snapshot;
 //   if records are pending or unapplied it takes the slow path. So a watch that starts after an
-//   unmap returned never trusts an entry that unmap cut (the pending protocol of uffd.h).
+//   unmap returned never trusts an entry that unmap cut (the pending protocol of subscription.h).
 //   g_registrations (a statistic) and g_before_register (test-only, set by the thread that then
 //   watches) are relaxed atomics: nothing is published through them.
 #pragma once
@@ -106,7 +106,7 @@
 #include "base/epoch.h"
 #include "base/proc_maps.h"
 #include "mrcache/mrcache.h"
-#include "uffd/uffd.h"
+#include "uffd/watches.h"
 
 namespace mrc::uffd::detail {
 
@@ -124,11 +124,11 @@ struct WatchConfig {
   uintptr_t own[2][2] = {{0, 0}, {0, 0}};
 };
 
-class WatchSet {
+class WatchTable {
  public:
-  constexpr WatchSet() = default;
-  WatchSet(const WatchSet &) = delete;
-  WatchSet &operator=(const WatchSet &) = delete;
+  constexpr WatchTable() = default;
+  WatchTable(const WatchTable &) = delete;
+  WatchTable &operator=(const WatchTable &) = delete;
 
   // Forgets everything and adopts a new userfaultfd (after start, or after fork).
   void reset(const WatchConfig &config) noexcept;
@@ -138,8 +138,8 @@ class WatchSet {
   // one piece that already counts a watch cover it; try_unwatch_fast drops up to `count` watches
   // of it in one step when one piece covers it, keeping at least one, and returns how many it
   // dropped. false / fewer than asked: take the mutex and call watch() / unwatch() for the rest.
-  // REQUIRES for try_watch_fast: the caller saw the monitor's internal consumer quiescent() after
-  // entering the guard (see SYNCHRONIZATION).
+  // REQUIRES for try_watch_fast: the caller saw the monitor's internal subscription quiescent()
+  // after entering the guard (see SYNCHRONIZATION).
   [[nodiscard]] bool try_watch_fast(uintptr_t start, uintptr_t end) const noexcept;
   [[nodiscard]] size_t try_unwatch_fast(uintptr_t start, uintptr_t end,
                                         size_t count = 1) const noexcept;

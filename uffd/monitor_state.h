@@ -1,0 +1,161 @@
+// The monitor's process-wide state, private to uffd/: the registry (subscribers, the negotiated
+// mode, the current run, the watch table) and what the monitor thread reads (MonitorRun), shared
+// by the files that start, run, fork and stop the monitor and by the subscription and watches
+// faces.
+//
+// SYNCHRONIZATION
+//   The monitor thread waits on the userfaultfd (readiness only) and on a control eventfd
+//   through io_uring; raises the queue's `pending`, read()s a batch of uffd_msg, publishes
+//   records, lowers `pending`. It never allocates, frees, logs, takes a lock, or calls a backend:
+//   anything it freed could be registered memory whose munmap waits for the monitor itself.
+//   g_monitor.mutex (the registry mutex) guards: the subscriber list and count, start/stop and
+//   every field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
+//   the watch table (g_monitor.watches) and the internal subscription that keeps it in step with
+//   the queue. subscribe, unsubscribe, Monitor::info, and the watch and unwatch calls that change
+//   more than a count take it.
+//   Not guarded: the watch table's fast path (watch/unwatch_many of memory whose piece already
+//   counts a watch, watches.h), which reads the internal subscription's quiescent() and the
+//   table's published snapshot inside an EpochGuard and changes only a piece's count
+//   (watch_table.h).
+//   Lock order: g_monitor.mutex, then the /proc/self/maps slot mutexes (base/proc_maps.cc). The
+//   fork handlers take both before fork and release them after, so the child inherits them unlocked
+//   and consistent.
+//   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
+//   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
+//   g_monitor.events (relaxed counter, read by info()), and the kernel's objects.
+//   g_monitor.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale
+//   mode only affects a report). g_monitor.probe_fd is read without the lock by
+//   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see the field
+//   for why it cannot change under a get).
+//   Starting: the starter (holding g_monitor.mutex) waits on a futex until the monitor thread has
+//   stored the loop it runs in run.loop (release; the starter's acquire load pairs with it):
+//   start_locked() returns only once the thread is out of the threading runtime's start-up (see
+//   there why). run.loop changes again (relaxed) only if the ring fails and the thread falls back
+//   to poll(2); testing::monitor_loop() reads it.
+//   The io_uring ring has one issuer, the monitor thread (IORING_SETUP_SINGLE_ISSUER: it enables
+//   the ring itself); other threads only create it before and tear it down after the thread.
+//   Stopping: the stopper sets run.stop (release) then writes the control eventfd; the monitor
+//   loads run.stop (acquire) after each control wakeup and leaves; the stopper joins it.
+#pragma once
+
+#include <liburing.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "mrcache/mrcache.h"
+#include "uffd/queue.h"
+#include "uffd/subscription.h"
+#include "uffd/watch_table.h"
+
+namespace mrc::uffd::detail {
+
+// How the monitor thread waits. 0 means it has not started yet.
+enum class LoopKind : uint32_t { NotStarted, UringDeferred, Uring, Poll };
+
+// Everything the monitor thread reads; written before pthread_create, constant until join
+// (except `loop` and `closed_uffd`, written by the monitor thread).
+struct MonitorRun {
+  int uffd = -1;
+  int control = -1;
+  io_uring *ring = nullptr;  // nullptr: poll(2) loop
+  InvalidationQueue *queue = nullptr;
+  std::atomic<uint64_t> *events = nullptr;
+  std::atomic<bool> stop{false};
+  // The ring was created disabled, single-issuer, with deferred task work: the monitor thread
+  // enables it and so becomes its only issuer (see start_locked()).
+  bool enable_ring = false;
+  bool drop_events = false;
+  size_t page_size = 4096;
+  bool closed_uffd = false;  // set by the monitor thread; read by the stopper after join
+  // LoopKind: NotStarted until the monitor thread runs our code (its starter waits for that).
+  std::atomic<uint32_t> loop{0};
+};
+
+// What MonitorState::probe_fd holds when no descriptor answers the probe.
+inline constexpr int kProbeNoMonitor = -1;
+inline constexpr int kProbeRefused = -2;
+
+// The registry: one per process (g_monitor), guarded by its mutex (see SYNCHRONIZATION).
+struct MonitorState {
+  std::mutex mutex;
+  InvalidationQueue queue;
+  Subscription internal{&queue};  // the watch table's own cursor
+  Subscription *subscriptions = nullptr;
+  size_t subscribers = 0;
+
+  // The negotiated mode (of the current run, or of the last negotiation).
+  std::atomic<int> mode{MRC_MONITOR_UNCACHED};
+  uint64_t features = 0;
+  char reason[256] = "";
+  bool negotiated = false;
+
+  // The current run.
+  bool running = false;      // the monitor thread is up
+  bool needs_start = false;  // subscribers exist but no monitor runs (a forked child)
+  int uffd = -1;
+  uint64_t register_mode = 0;
+  int control = -1;
+  io_uring ring{};
+  bool ring_ready = false;
+  pthread_t thread{};
+  void *stack = nullptr;
+  size_t stack_bytes = 0;
+  MonitorRun run;
+  std::atomic<uint64_t> events{0};
+  // The descriptor gets probe for unmaps in flight (Subscription::probe_unmaps, any thread, no
+  // lock): the running monitor's userfaultfd, kProbeNoMonitor, or kProbeRefused. Stored
+  // (release) by start_locked() before any range is watched, kProbeNoMonitor before the
+  // descriptor is closed; it changes only while no cache exists, or in a forked child.
+  std::atomic<int> probe_fd{-1};
+
+  // Test controls.
+  std::atomic<size_t> queue_capacity{0};
+  std::atomic<uint64_t> vma_budget{0};
+  std::atomic<int64_t> idle_vmas{-1};
+  std::atomic<bool> force_poll{false};
+
+  WatchTable watches;
+
+  // Subscription internals (MonitorState is its friend).
+  static void attach(Subscription *subscription, uint64_t head) noexcept {
+    subscription->cursor_.store(head, std::memory_order_relaxed);
+    subscription->resync_ = false;
+    subscription->forked_.store(false, std::memory_order_relaxed);
+  }
+  static void mark_forked(Subscription *subscription) noexcept {
+    subscription->forked_.store(true, std::memory_order_relaxed);
+    subscription->cursor_.store(Subscription::kForkedCursor, std::memory_order_relaxed);
+  }
+  static Subscription *next_of(const Subscription *subscription) noexcept {
+    return subscription->next_;
+  }
+};
+
+// The one monitor of the process (monitor.cc).
+extern MonitorState g_monitor;
+// testing::pause_monitor (monitor_thread.cc).
+extern std::atomic<bool> g_paused;
+
+// The monitor thread's body (monitor_thread.cc); arg: the MonitorRun.
+void *monitor_main(void *arg);
+
+// ---- lifecycle (monitor.cc; REQUIRES: g_monitor.mutex) ----
+
+// Negotiates the mode and starts the monitor thread, or falls back to uncached mode.
+void start_locked() noexcept;
+// Stops the monitor thread and releases the run.
+void stop_locked() noexcept;
+// Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away (a
+// REMAP's record is the old range; the moved VMA keeps its registration at the new address,
+// where the table records nothing: a watch there registers it again, a no-op for the kernel).
+// `settle`: first wait for unmaps in flight (before unregistering anything). Nothing to follow
+// while no monitor runs: the table is empty and the queue may be released (uncached mode).
+void sync_watches_locked(bool settle) noexcept;
+// Unregisters idle watch entries (past the limit, or to make room under the VMA budget).
+void evict_idle_watches_locked() noexcept;
+
+}  // namespace mrc::uffd::detail

@@ -1,0 +1,252 @@
+// Negotiation: the userfaultfd mode (MRC_MONITOR, the kernel's features, a trial registration)
+// and the unmap probe (see negotiation.h).
+//
+// SYNCHRONIZATION: see monitor_state.h (negotiate() runs under the registry mutex; the probe is
+// one ioctl, any thread).
+#include "uffd/negotiation.h"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+
+#include "uffd/kernel.h"
+#include "uffd/modes.h"
+
+namespace mrc::uffd::detail {
+
+namespace {
+
+constexpr uint64_t kRequiredEvents =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_EVENT_REMOVE;
+
+struct Opened {
+  int fd = -1;
+  const char *how = "";
+};
+
+// The ways to get a userfaultfd, in order: user-mode-only (works unprivileged since 5.11),
+// plain (root or vm.unprivileged_userfaultfd=1), /dev/userfaultfd (its file mode decides).
+Opened open_uffd(bool allow_user_mode_only, Text *failures) noexcept {
+  const int flags = O_CLOEXEC | O_NONBLOCK;
+  Opened opened;
+  if (allow_user_mode_only) {
+    opened.fd = static_cast<int>(syscall(SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY));
+    opened.how = "userfaultfd(UFFD_USER_MODE_ONLY)";
+    if (opened.fd >= 0) return opened;
+    failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  }
+  opened.fd = static_cast<int>(syscall(SYS_userfaultfd, flags));
+  opened.how = "userfaultfd()";
+  if (opened.fd >= 0) return opened;
+  failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  opened.how = "/dev/userfaultfd";
+  const int device = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+  if (device >= 0) {
+    opened.fd = ioctl(device, USERFAULTFD_IOC_NEW, flags);
+    const int error = errno;
+    close(device);
+    if (opened.fd >= 0) return opened;
+    failures->add("%s: %s; ", opened.how, strerrorname_np(error));
+  } else {
+    failures->add("%s: %s; ", opened.how, strerrorname_np(errno));
+  }
+  opened.fd = -1;
+  return opened;
+}
+
+// UFFDIO_API; on success *granted holds the features now enabled (or, for request 0, offered).
+bool uffd_api(int fd, uint64_t request, uint64_t *granted) noexcept {
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = request;
+  if (ioctl(fd, UFFDIO_API, &api) != 0) return false;
+  *granted = api.features;
+  return true;
+}
+
+// Registers and unregisters one scratch page: proves the mode works before we promise it.
+bool probe_registration(int fd, uint64_t register_mode, int *error) noexcept {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void *scratch = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (scratch == MAP_FAILED) {
+    *error = errno;
+    return false;
+  }
+  uffdio_register request{};
+  request.range.start = reinterpret_cast<uintptr_t>(scratch);
+  request.range.len = page;
+  request.mode = register_mode;
+  const bool ok = ioctl(fd, UFFDIO_REGISTER, &request) == 0;
+  *error = ok ? 0 : errno;
+  if (ok) {
+    // Unregister first: with the registration in place this munmap would wait for a reader.
+    (void)ioctl(fd, UFFDIO_UNREGISTER, &request.range);
+  }
+  munmap(scratch, page);
+  return ok;
+}
+
+// What MRC_MONITOR asks for: the best mode that works (automatic), or one mode (uncached: "off").
+struct Wanted {
+  bool automatic = true;
+  mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
+  bool understood = true;  // false: a value the mode table does not know (then automatic)
+};
+
+Wanted wanted_mode(const char *value) noexcept {
+  Wanted wanted;
+  if (value == nullptr || *value == '\0' || strcmp(value, detail::kAutoModeSetting) == 0)
+    return wanted;
+  wanted.automatic = !detail::parse_mode_setting(value, &wanted.mode);
+  wanted.understood = !wanted.automatic;
+  return wanted;
+}
+
+}  // namespace
+
+Negotiated negotiate(char *reason, size_t reason_len) noexcept {
+  Negotiated result;
+  Text why{reason, reason_len};
+  const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
+  const Wanted wanted = wanted_mode(env);
+  if (!wanted.understood) {
+    why.add("MRC_MONITOR=%s not understood (%s", env, detail::kAutoModeSetting);
+    for (const detail::ModeSpelling &spelling : detail::kModeSpellings)
+      why.add(", %s", spelling.setting);
+    why.add("); ");
+  }
+  if (!wanted.automatic && wanted.mode == MRC_MONITOR_UNCACHED) {
+    why.add("MRC_MONITOR=%s: no userfaultfd; every get registers, the last put deregisters", env);
+    return result;
+  }
+
+  char failures_buf[192] = "";
+  Text failures{failures_buf, sizeof(failures_buf)};
+  Opened opened = open_uffd(true, &failures);
+  uint64_t offered = 0;
+  if (opened.fd >= 0 && !uffd_api(opened.fd, 0, &offered)) {
+    failures.add("UFFDIO_API: %s; ", strerrorname_np(errno));
+    close(opened.fd);
+    opened.fd = -1;
+  }
+  if (opened.fd < 0) {
+    result.unavailable = true;
+    why.add(
+        "userfaultfd unavailable (%s) (seccomp, vm.unprivileged_userfaultfd=0 or a kernel "
+        "without it); every get registers, the last put deregisters",
+        failures.trimmed());
+    return result;
+  }
+  close(opened.fd);
+  if ((offered & kRequiredEvents) != kRequiredEvents) {
+    result.unavailable = true;
+    why.add("the kernel's userfaultfd lacks UNMAP/REMAP/REMOVE events (features %#" PRIx64
+            "); every get registers, the last put deregisters",
+            offered);
+    return result;
+  }
+
+  struct Candidate {
+    mrc_monitor_mode_t mode;
+    uint64_t needs;
+    uint64_t register_mode;
+  };
+  const uint64_t wp_shmem = offered & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+  const Candidate all[] = {
+      {MRC_MONITOR_WP_ASYNC, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+       UFFDIO_REGISTER_MODE_WP},
+      {MRC_MONITOR_WP, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFDIO_REGISTER_MODE_WP},
+      {MRC_MONITOR_MISSING, 0, UFFDIO_REGISTER_MODE_MISSING},
+  };
+  failures.used = 0;
+  failures_buf[0] = '\0';
+  for (const Candidate &candidate : all) {
+    if (!wanted.automatic && candidate.mode != wanted.mode) continue;
+    const char *name = detail::mode_name(candidate.mode);
+    if ((offered & candidate.needs) != candidate.needs) {
+      failures.add("%s: kernel lacks %s; ", name,
+                   candidate.mode == MRC_MONITOR_WP_ASYNC ? "UFFD_FEATURE_WP_ASYNC (6.7)"
+                                                          : "write-protect support (5.7)");
+      continue;
+    }
+    // MISSING mode needs the kernel's own accesses to fault through us too: with
+    // UFFD_USER_MODE_ONLY a read(2) or an ibv_reg_mr on an untouched watched page would fail
+    // with EFAULT instead of waiting for the zero page.
+    const bool user_mode_only_ok = candidate.mode != MRC_MONITOR_MISSING;
+    Opened fd = open_uffd(user_mode_only_ok, &failures);
+    if (fd.fd < 0) continue;
+    uint64_t request = kRequiredEvents;
+    if (candidate.mode == MRC_MONITOR_WP_ASYNC) request |= UFFD_FEATURE_WP_ASYNC | wp_shmem;
+    if (candidate.mode == MRC_MONITOR_WP) request |= wp_shmem;
+    uint64_t granted = 0;
+    int error = 0;
+    if (!uffd_api(fd.fd, request, &granted)) {
+      failures.add("%s: UFFDIO_API %s; ", name, strerrorname_np(errno));
+      close(fd.fd);
+      continue;
+    }
+    if (!probe_registration(fd.fd, candidate.register_mode, &error)) {
+      failures.add("%s: UFFDIO_REGISTER %s; ", name, strerrorname_np(error));
+      close(fd.fd);
+      continue;
+    }
+    result.mode = candidate.mode;
+    result.fd = fd.fd;
+    result.features = granted;
+    result.register_mode = candidate.register_mode;
+    switch (candidate.mode) {
+      case MRC_MONITOR_WP_ASYNC:
+        why.add(
+            "%s with UFFD_FEATURE_WP_ASYNC: write-protect-only registration watches any "
+            "mapping and never faults",
+            fd.how);
+        break;
+      case MRC_MONITOR_WP:
+        why.add(
+            "%s, write-protect-only registration: anonymous, shmem and hugetlbfs memory; "
+            "file mappings need UFFD_FEATURE_WP_ASYNC (Linux 6.7)",
+            fd.how);
+        break;
+      default:
+        why.add(
+            "%s, MISSING mode: the monitor resolves every fault with a zero page; private "
+            "anonymous memory only (write-protect mode needs Linux 5.7)",
+            fd.how);
+        break;
+    }
+    if (!wanted.automatic) why.add(" (MRC_MONITOR=%s)", env);
+    // Nothing is watched yet, so nothing can be in flight: any answer but Clear means the
+    // kernel (or a sandbox) refuses the probe, and exact caches must not trust their tables.
+    result.probe_ok = probe_mmap_changing(fd.fd) == ProbeAnswer::Clear;
+    why.add(result.probe_ok ? "; exact gets: one unmap probe (UFFDIO_ZEROPAGE) each"
+                            : "; the kernel refuses the unmap probe (UFFDIO_ZEROPAGE): exact "
+                              "caches register every get anew");
+    if (failures.used > 0) why.add("; tried first: %s", failures.trimmed());
+    return result;
+  }
+  result.unavailable = true;
+  if (!wanted.automatic) {
+    why.add("MRC_MONITOR=%s cannot run here (%s); every get registers, the last put deregisters",
+            env, failures.trimmed());
+  } else {
+    why.add("no userfaultfd mode works (%s); every get registers, the last put deregisters",
+            failures.trimmed());
+  }
+  return result;
+}
+
+ProbeAnswer probe_mmap_changing(int uffd) noexcept {
+  uffdio_zeropage probe{};
+  if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0) return ProbeAnswer::Refused;
+  if (errno == EINVAL) return ProbeAnswer::Clear;
+  return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
+}
+
+}  // namespace mrc::uffd::detail

@@ -1,0 +1,135 @@
+// The subscription: draining the queue, the unmap probe, subscribe and unsubscribe.
+//
+// SYNCHRONIZATION: see subscription.h (the cursor) and monitor_state.h (the registry).
+#include "uffd/subscription.h"
+
+#include <time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <new>
+
+#include "base/check.h"
+#include "uffd/internal.h"
+#include "uffd/monitor_state.h"
+#include "uffd/negotiation.h"
+
+namespace mrc::uffd {
+
+namespace {
+
+// How long settle_unmaps() waits for unmaps in flight. One lasts a monitor round trip (tens of
+// microseconds here); only a storm of unmaps by threads that never get (a getting thread does
+// not unmap while it waits), or a monitor kept off the CPU, holds the kernel's count up longer,
+// and then the caller registers without the cache. 10 ms was outlasted on a loaded 2-CPU CI
+// machine under ASan (the monitor waited that long for a CPU). Between probes it sleeps until
+// the monitor's next batch, at most kSettleNapNs.
+constexpr int64_t kSettleBudgetNs = 100'000'000;
+constexpr int64_t kSettleNapNs = 50'000;
+
+}  // namespace
+
+using detail::g_monitor;
+using detail::kProbeNoMonitor;
+using detail::kProbeRefused;
+using detail::ProbeAnswer;
+
+DrainResult Subscription::begin_drain() noexcept {
+  if (forked_.load(std::memory_order_relaxed)) {
+    // The cursor stays poisoned (quiescent() false) until the cache has forgotten its regions
+    // and drains again.
+    forked_.store(false, std::memory_order_relaxed);
+    resync_ = true;
+    resync_to_ = queue_->head();
+    return DrainResult::Forked;
+  }
+  if (resync_) {
+    resync_ = false;
+    cursor_.store(resync_to_, std::memory_order_release);
+  }
+  queue_->wait_until_idle();
+  return DrainResult::Ok;
+}
+
+DrainResult Subscription::lapped(uint64_t head) noexcept {
+  resync_ = true;
+  resync_to_ = head;
+  return DrainResult::Overflow;
+}
+
+mrc_monitor_mode_t Subscription::mode() const noexcept {
+  return static_cast<mrc_monitor_mode_t>(g_monitor.mode.load(std::memory_order_relaxed));
+}
+
+Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
+  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
+  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
+  const int fd = g_monitor.probe_fd.load(std::memory_order_acquire);
+  Unmaps answer = Unmaps::Read;
+  if (fd == kProbeRefused) {
+    answer = Unmaps::Unprobeable;
+  } else if (fd != kProbeNoMonitor) {
+    switch (detail::probe_mmap_changing(fd)) {
+      case ProbeAnswer::Clear: break;
+      case ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
+      case ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
+    }
+  }
+  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
+  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  errno = saved_errno;
+  return answer;
+}
+
+Subscription::Unmaps Subscription::settle_unmaps() const noexcept {
+  timespec began{};
+  clock_gettime(CLOCK_MONOTONIC, &began);
+  for (unsigned attempt = 0;; ++attempt) {
+    const Unmaps answer = probe_unmaps();
+    if (answer != Unmaps::InFlight) return answer;
+    if (attempt < 4) continue;  // the monitor reads within microseconds when it has a CPU
+    // Then sleep until its next batch ends: spinning waiters would keep the monitor and the
+    // unmapping threads (which lower the count after the read) off a shared CPU. Their wakeup
+    // follows the batch's end by a little, hence the short timeout too.
+    queue_->wait_for_batch(kSettleNapNs);
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const int64_t waited_ns =
+        (now.tv_sec - began.tv_sec) * 1000000000 + (now.tv_nsec - began.tv_nsec);
+    if (waited_ns >= kSettleBudgetNs) return Unmaps::InFlight;
+  }
+}
+
+mrc_status_t subscribe(Subscription **out) {
+  if (out == nullptr) return MRC_ERR_INVALID;
+  detail::ensure_fork_handlers();
+  Subscription *subscription = new (std::nothrow) Subscription(&g_monitor.queue);
+  if (subscription == nullptr) return MRC_ERR_NO_MEMORY;
+  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  if (g_monitor.subscribers == 0 || g_monitor.needs_start) detail::start_locked();
+  subscription->cursor_.store(g_monitor.queue.head(), std::memory_order_relaxed);
+  subscription->next_ = g_monitor.subscriptions;
+  if (g_monitor.subscriptions != nullptr) g_monitor.subscriptions->prev_ = subscription;
+  g_monitor.subscriptions = subscription;
+  ++g_monitor.subscribers;
+  *out = subscription;
+  return MRC_OK;
+}
+
+void unsubscribe(Subscription *subscription) {
+  if (subscription == nullptr) return;
+  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  if (subscription->prev_ != nullptr) {
+    subscription->prev_->next_ = subscription->next_;
+  } else {
+    g_monitor.subscriptions = subscription->next_;
+  }
+  if (subscription->next_ != nullptr) subscription->next_->prev_ = subscription->prev_;
+  delete subscription;
+  MRC_CHECK(g_monitor.subscribers > 0);
+  if (--g_monitor.subscribers == 0) detail::stop_locked();
+}
+
+}  // namespace mrc::uffd
