@@ -15,9 +15,8 @@
 
 namespace mrc::detail {
 
-// Internal linkage, as when this lived in one .cc: the header is included by one file of each
-// program that instantiates a shape, and the compiler inlines each use (the writer's recursions
-// call it for every node they pass).
+// Internal linkage, as when this lived in one .cc: the compiler then inlines each use (the
+// writer's recursions call it for every node they pass).
 namespace {
 
 // Calls fn(index, block_start) for every slot of a node (base, fanout slots of 2^shift bytes) whose

@@ -1,11 +1,10 @@
-// The radix page table's writer side, instantiated for the shapes pgtable.h lists; the shape and
-// the contract are in pgtable.h, the definitions in pgtable_impl.h (one part per mechanism).
+// The library's one shape of the radix page table: PageTable's, the one the cache uses (pgtable.h
+// declares it extern). The tests and the benchmark instantiate the other shapes they compare from
+// the same definitions (pgtable_impl.h).
 #include "pgtable/pgtable_impl.h"
 
 namespace mrc::detail {
 
-#define MRC_PGTABLE_INSTANTIATE(inner, leaf) template class RadixPageTable<inner, leaf>;
-MRC_PGTABLE_SHAPES(MRC_PGTABLE_INSTANTIATE)
-#undef MRC_PGTABLE_INSTANTIATE
+template class RadixPageTable<7, 4>;
 
 }  // namespace mrc::detail

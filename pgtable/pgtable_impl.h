@@ -1,6 +1,11 @@
 // The definitions of RadixPageTable's writer side (pgtable.h declares them, and defines the
-// readers inline), for the file that instantiates the shapes: pgtable.cc. Private: not for other
-// layers, which use PageTable through pgtable.h. One part per mechanism:
+// readers inline), for the files that instantiate a shape: pgtable.cc, the library's one shape
+// (PageTable's); the tests and the benchmark instantiate the others they use themselves:
+//
+//   #include "pgtable/pgtable_impl.h"
+//   template class mrc::detail::RadixPageTable<6, 4>;
+//
+// Private: not for other layers, which use PageTable through pgtable.h. One part per mechanism:
 #pragma once
 
 #include "pgtable/nodes_impl.h"  // node allocation, the slot stores, placing (every part uses them)
