@@ -778,23 +778,9 @@ void RadixPageTable<kInnerBits, kLeafBits>::for_each_node(Fn &&fn) const {
   nodes_below(root_.load(std::memory_order_relaxed), fn);
 }
 
-// Instantiated in pgtable.cc: the uniform shapes 2..8 and the hybrids the benchmark compares.
-#define MRC_PGTABLE_SHAPES(X) \
-  X(2, 2)                     \
-  X(3, 3)                     \
-  X(4, 4)                     \
-  X(5, 5)                     \
-  X(6, 6)                     \
-  X(7, 7)                     \
-  X(8, 8)                     \
-  X(5, 4)                     \
-  X(6, 4)                     \
-  X(6, 5)                     \
-  X(7, 4)                     \
-  X(8, 5)
-#define MRC_PGTABLE_EXTERN(inner, leaf) extern template class RadixPageTable<inner, leaf>;
-MRC_PGTABLE_SHAPES(MRC_PGTABLE_EXTERN)
-#undef MRC_PGTABLE_EXTERN
+// PageTable's shape (below) is instantiated in pgtable.cc, the library's only one. Other shapes are
+// instantiated by whoever uses them, from pgtable_impl.h (the tests, the benchmark).
+extern template class RadixPageTable<7, 4>;
 
 }  // namespace detail
 

@@ -1,0 +1,21 @@
+// The definitions of RadixPageTable's writer side (pgtable.h declares them, and defines the
+// readers inline), for the files that instantiate a shape: pgtable.cc, the library's one shape
+// (PageTable's); the tests and the benchmark instantiate the others they use themselves:
+//
+//   #include "pgtable/pgtable_impl.h"
+//   template class mrc::detail::RadixPageTable<6, 4>;
+//
+// Private: not for other layers, which use PageTable through pgtable.h. One part per mechanism:
+#pragma once
+
+#include "pgtable/nodes_impl.h"  // node allocation, the slot stores, placing (every part uses them)
+
+#include "pgtable/flat_nodes_impl.h"  // flat nodes: a level-1 node and its leaves as one array
+#include "pgtable/insert_impl.h"      // insert()
+#include "pgtable/kept_nodes_impl.h"  // the hysteresis: nodes a removal leaves in place, settle()
+#include "pgtable/remove_impl.h"      // remove()
+#include "pgtable/verify_impl.h"      // check_invariants(), for tests
+#include "pgtable/windows_impl.h"     // windows: level-1 slots laid out as one array
+
+#undef MRC_TABLE
+#undef MRC_SELF
