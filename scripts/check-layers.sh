@@ -11,6 +11,9 @@
 #                              (it reaches the cache through the public C API only)
 #   layer 5  tools/ tests/     not checked (they see the library and its private headers)
 #
+# Test-only controls (`<component>/testing.h`) are never included by the library, except by the file
+# that defines them (testing_definers below).
+#
 # Standard C, C++ and POSIX/Linux headers are always allowed. An include is resolved like the
 # compiler does: first next to the including file, then from the source root and include/.
 # Exit 1 with one line per violation.
@@ -97,6 +100,9 @@ resolve() {
   esac
 }
 
+# The library files that define a component's test-only controls, and so include its testing.h.
+testing_definers=" base/proc_maps.cc uffd/testing.cc "
+
 violations=0
 checked=0
 mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard -- \
@@ -111,7 +117,9 @@ for f in "${files[@]}"; do
     [[ $text =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\<\"]([^\>\"]+)[\>\"] ]] || continue
     header=${BASH_REMATCH[1]}
     target=$(resolve "$f" "$header")
-    if [[ -n $target ]]; then
+    if [[ -n $target && $target == */testing.h && $testing_definers != *" $f "* ]]; then
+      why="library code may not include the test-only $target"
+    elif [[ -n $target ]]; then
       allowed_internal "$layer" "$target" && continue
       why="layer $layer may not include $target"
     else
