@@ -2,7 +2,7 @@
 // of core/segment/.
 //
 // SYNCHRONIZATION
-//  - g_registry (domain.cc) lists the domains this process has joined, one per prefix; guarded
+//  - g_registry (registry.cc) lists the domains this process has joined, one per prefix; guarded
 //    by a process-local mutex, which domain open/close hold throughout (so two threads never
 //    race to reserve the same window) and which fork() holds (pthread_atfork), so a child
 //    sees a consistent list and closes its copies of the presence descriptors.
@@ -85,20 +85,24 @@ struct mrc_seg {
 
 namespace mrc::seg {
 
-// domain.cc
+// named.cc
 [[nodiscard]] mrc_status_t segment_open(mrc_seg_domain *domain, const mrc_seg_params_t *params,
                                         mrc_seg **out) noexcept;
 [[nodiscard]] mrc_status_t segment_close(mrc_seg *seg) noexcept;
-// The shared domain lock, recovering it (repair) when its owner died.
+
+// directory.cc: the shared domain lock, recovering it (repair) when its owner died.
 [[nodiscard]] mrc_status_t lock_domain(mrc_seg_domain *domain, bool *repaired) noexcept;
 void unlock_domain(mrc_seg_domain *domain) noexcept;
+
+// registry.cc: false (and the last error set) for a NULL or closed handle, or one of the
+// parent of this fork() child.
 bool usable_here(const mrc_seg_domain *domain) noexcept;
 
-// Re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped there
-// (its own segment): the munmap the cache's monitor sees.
+// files.cc: re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped
+// there (its own segment): the munmap the cache's monitor sees.
 [[nodiscard]] bool reserve_again(void *start, size_t len) noexcept;
 
-// NUMA: binds [addr, addr+len) to `node` before anything touches it, then reads the policy
+// numa.cc: binds [addr, addr+len) to `node` before anything touches it, then reads the policy
 // back. MRC_ERR_UNSUPPORTED without NUMA, MRC_ERR_NOT_FOUND for a node that is not there.
 [[nodiscard]] mrc_status_t numa_check_node(int node) noexcept;
 [[nodiscard]] mrc_status_t numa_bind(void *addr, size_t len, int node) noexcept;
