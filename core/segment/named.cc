@@ -115,7 +115,7 @@ mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_in
   return MRC_OK;
 }
 
-mrc_seg *new_handle(mrc_seg_domain *d, Mapping *m, bool created) {
+mrc_seg *new_handle(mrc_seg_domain *d, MappedSegment *m, bool created) {
   auto *seg = new (std::nothrow) mrc_seg;
   if (seg == nullptr) return nullptr;
   seg->domain = d;
@@ -139,7 +139,7 @@ mrc_status_t validate_segment(const mrc_seg_domain *d, const SegEntry &e, const 
 }
 
 // Maps a ready segment at its window address. REQUIRES: domain lock held.
-mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, Mapping *m) {
+mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSegment *m) {
   char *start = reinterpret_cast<char *>(d->base + e.va_offset);
   m->start = start;
   m->va_len = e.va_pages * kVaPageSize;
@@ -190,7 +190,7 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, Mapping *
 }
 
 // Creates a segment. REQUIRES: domain lock held, no ready entry of that name.
-mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, Mapping *m) {
+mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedSegment *m) {
   RootHeader *root = d->root;
   if (p->size == 0) return fail(MRC_ERR_INVALID, "segment {} does not exist; size 0", p->name);
   SegLayout lay{};
@@ -350,7 +350,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
     st = numa_check_node(p->numa_node);
     if (st != MRC_OK) return st;
   }
-  auto *m = new (std::nothrow) Mapping;
+  auto *m = new (std::nothrow) MappedSegment;
   if (m == nullptr) return fail(MRC_ERR_NO_MEMORY, "out of memory");
 
   pthread_mutex_lock(&d->mu);
@@ -370,7 +370,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
     }
   }
   bool created = false;
-  Mapping *result = nullptr;
+  MappedSegment *result = nullptr;
   if (found >= 0) {
     SegEntry &e = root->segments[found];
     const unsigned kinds = MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE;
@@ -383,7 +383,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
       st = fail(MRC_ERR_INVALID, "segment {} exists with {} bytes, asked {}", p->name, e.data_size,
                 p->size);
     } else {
-      for (Mapping *x = d->maps; x != nullptr; x = x->next) {
+      for (MappedSegment *x = d->maps; x != nullptr; x = x->next) {
         if (x->entry == static_cast<uint32_t>(found) && x->generation == e.generation) result = x;
       }
       if (result == nullptr) {
@@ -440,7 +440,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
 
 mrc_status_t segment_close(mrc_seg *seg) noexcept {
   mrc_seg_domain *d = seg->domain;
-  Mapping *m = seg->map;
+  MappedSegment *m = seg->map;
   if (!usable_here(d)) return MRC_ERR_INVALID;
   pthread_mutex_lock(&d->mu);
   if (--m->refs == 0) {
@@ -457,7 +457,7 @@ mrc_status_t segment_close(mrc_seg *seg) noexcept {
     // Never leave the old pages mapped: without a reservation (the kernel out of VMAs) a hole
     // in the window is the lesser harm.
     if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
-    for (Mapping **link = &d->maps; *link != nullptr; link = &(*link)->next) {
+    for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
       if (*link == m) {
         *link = m->next;
         break;
