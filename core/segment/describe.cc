@@ -82,7 +82,7 @@ void flag_names(Buffer &out, unsigned flags, bool json) {
 
 // The heap counters of a segment, read from its header page. false when unreadable.
 bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) {
-  for (const Mapping *m = d->maps; m != nullptr; m = m->next) {
+  for (const MappedSegment *m = d->maps; m != nullptr; m = m->next) {
     if (m->generation == e.generation && m->header != nullptr) {
       std::memcpy(static_cast<void *>(out), &m->header->heap, sizeof *out);
       return true;

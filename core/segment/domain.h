@@ -2,7 +2,7 @@
 // of core/segment/.
 //
 // SYNCHRONIZATION
-//  - g_registry (domain.cc) lists the domains this process has joined, one per prefix; guarded
+//  - g_registry (registry.cc) lists the domains this process has joined, one per prefix; guarded
 //    by a process-local mutex, which domain open/close hold throughout (so two threads never
 //    race to reserve the same window) and which fork() holds (pthread_atfork), so a child
 //    sees a consistent list and closes its copies of the presence descriptors.
@@ -11,7 +11,7 @@
 //    thread can map something there). Lock order: registry mutex, then mu, then the shared
 //    domain lock (RootHeader::lock), then a heap lock. Nothing takes them in another order.
 //  - mrc_seg::registration_mu guards the registration fields of one handle.
-//  - Immutable after open: every other field of mrc_seg_domain, Mapping and mrc_seg.
+//  - Immutable after open: every other field of mrc_seg_domain, MappedSegment and mrc_seg.
 #pragma once
 
 #include <pthread.h>
@@ -27,9 +27,10 @@ struct mrc_seg_domain;
 
 namespace mrc::seg {
 
-// One segment as this process maps it; shared by every handle of this process on it.
-struct Mapping {
-  Mapping *next = nullptr;
+// One segment as this process maps it; shared by every handle of this process on it. (Not the
+// OS's view of a mapping: that is mrc::os::Vma in base/proc_maps.h.)
+struct MappedSegment {
+  MappedSegment *next = nullptr;
   int refs = 0;        // handles (guarded by the domain's mu; 1 for memfd segments)
   uint32_t entry = 0;  // directory index (named segments)
   uint64_t generation = 0;
@@ -44,6 +45,8 @@ struct Mapping {
   SegHeader *header = nullptr;  // nullptr for MRC_SEG_NODATA
   int memfd = -1;               // memfd segments only
 };
+// The former name, for memfd.cc and segment.cc until they say MappedSegment.
+using Mapping = MappedSegment;
 
 }  // namespace mrc::seg
 
@@ -69,12 +72,12 @@ struct mrc_seg_domain {
   unsigned mode = 0600;
   unsigned timeout_ms = 0;
   unsigned files_unlinked = 0;  // by this process (guarded by the domain lock)
-  mrc::seg::Mapping *maps = nullptr;
+  mrc::seg::MappedSegment *maps = nullptr;
 };
 
 struct mrc_seg {
   mrc_seg_domain *domain = nullptr;  // nullptr for memfd segments
-  mrc::seg::Mapping *map = nullptr;
+  mrc::seg::MappedSegment *map = nullptr;
   bool created = false;
   pthread_mutex_t registration_mu = PTHREAD_MUTEX_INITIALIZER;
   mrc_cache_t *cache = nullptr;    // set by mrc_seg_register (register.cc)
@@ -85,25 +88,29 @@ struct mrc_seg {
 
 namespace mrc::seg {
 
-// domain.cc
+// named.cc
 [[nodiscard]] mrc_status_t segment_open(mrc_seg_domain *domain, const mrc_seg_params_t *params,
                                         mrc_seg **out) noexcept;
 [[nodiscard]] mrc_status_t segment_close(mrc_seg *seg) noexcept;
-// The shared domain lock, recovering it (repair) when its owner died.
+
+// directory.cc: the shared domain lock, recovering it (repair) when its owner died.
 [[nodiscard]] mrc_status_t lock_domain(mrc_seg_domain *domain, bool *repaired) noexcept;
 void unlock_domain(mrc_seg_domain *domain) noexcept;
+
+// registry.cc: false (and the last error set) for a NULL or closed handle, or one of the
+// parent of this fork() child.
 bool usable_here(const mrc_seg_domain *domain) noexcept;
 
-// Re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped there
-// (its own segment): the munmap the cache's monitor sees.
+// files.cc: re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped
+// there (its own segment): the munmap the cache's monitor sees.
 [[nodiscard]] bool reserve_again(void *start, size_t len) noexcept;
 
-// NUMA: binds [addr, addr+len) to `node` before anything touches it, then reads the policy
+// numa.cc: binds [addr, addr+len) to `node` before anything touches it, then reads the policy
 // back. MRC_ERR_UNSUPPORTED without NUMA, MRC_ERR_NOT_FOUND for a node that is not there.
 [[nodiscard]] mrc_status_t numa_check_node(int node) noexcept;
 [[nodiscard]] mrc_status_t numa_bind(void *addr, size_t len, int node) noexcept;
 
 // memfd.cc
-void memfd_close(Mapping *map) noexcept;
+void memfd_close(MappedSegment *map) noexcept;
 
 }  // namespace mrc::seg

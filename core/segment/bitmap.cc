@@ -1,0 +1,63 @@
+// The bitmaps of the root: the page bitmap of the window (which 2 MiB pages belong to a
+// segment; first fit) and the bitmap of client slots in each directory entry.
+//
+// SYNCHRONIZATION: see layout.h. Shared memory, read and written under the domain lock.
+#include <cstdint>
+
+#include "core/segment/domain_internal.h"
+
+namespace mrc::seg {
+
+bool page_used(const RootHeader *root, uint64_t i) {
+  return (root->va_bitmap[i / 64] >> (i % 64) & 1U) != 0;
+}
+void mark_pages(RootHeader *root, uint64_t first, uint64_t count, bool used) {
+  for (uint64_t i = first; i < first + count; ++i) {
+    if (used) {
+      root->va_bitmap[i / 64] |= uint64_t{1} << (i % 64);
+    } else {
+      root->va_bitmap[i / 64] &= ~(uint64_t{1} << (i % 64));
+    }
+  }
+}
+// First fit; the number of pages or ~0.
+uint64_t find_pages(const RootHeader *root, uint64_t count) {
+  uint64_t run = 0;
+  for (uint64_t i = 0; i < root->va_pages; ++i) {
+    if (i % 64 == 0 && root->va_bitmap[i / 64] == ~uint64_t{0} && i + 64 <= root->va_pages) {
+      run = 0;
+      i += 63;
+      continue;
+    }
+    if (page_used(root, i)) {
+      run = 0;
+    } else if (++run == count) {
+      return i + 1 - count;
+    }
+  }
+  return ~uint64_t{0};
+}
+
+bool has_clients(const SegEntry &e) {
+  for (uint64_t word : e.clients) {
+    if (word != 0) return true;
+  }
+  return false;
+}
+unsigned count_clients(const SegEntry &e) {
+  unsigned n = 0;
+  for (uint64_t word : e.clients) n += static_cast<unsigned>(__builtin_popcountll(word));
+  return n;
+}
+bool client_bit(const SegEntry &e, unsigned slot) {
+  return (e.clients[slot / 64] >> (slot % 64) & 1U) != 0;
+}
+void set_client_bit(SegEntry &e, unsigned slot, bool on) {
+  if (on) {
+    e.clients[slot / 64] |= uint64_t{1} << (slot % 64);
+  } else {
+    e.clients[slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  }
+}
+
+}  // namespace mrc::seg

@@ -1,0 +1,473 @@
+// Named segments: opening (creating one, or mapping an existing one at its window address) and
+// closing the segments listed in a domain's directory, with their optional backing file, heap
+// and NUMA node. (Memfd segments are in memfd.cc.)
+//
+// SYNCHRONIZATION: see domain.h (mrc_seg_domain::mu, then the shared domain lock) and layout.h
+// (the directory entry's states; the segment header).
+// CRASH CONSISTENCY: see domain_internal.h (segment files).
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/segment/domain_internal.h"
+#include "core/segment/heap.h"
+#include "core/segment/sys.h"
+
+namespace mrc::seg {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+struct SegLayout {
+  uint64_t map_size;     // bytes of the /dev/shm file
+  uint64_t data_offset;  // from the segment start
+  uint64_t data_size;
+  uint64_t va_pages;
+};
+
+mrc_status_t validate_params(const mrc_seg_params_t *p) {
+  if (p == nullptr || !valid_name(p->name)) {
+    return fail(MRC_ERR_INVALID, "segment name must be 1..{} characters of [A-Za-z0-9._-]",
+                kNameMax);
+  }
+  constexpr unsigned kKnown = MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE | MRC_SEG_HUGETLB |
+                              MRC_SEG_EXCL | MRC_SEG_NOCREATE;
+  if ((p->flags & ~kKnown) != 0) return fail(MRC_ERR_INVALID, "unknown flags {:#x}", p->flags);
+  if ((p->flags & MRC_SEG_EXCL) != 0 && (p->flags & MRC_SEG_NOCREATE) != 0) {
+    return fail(MRC_ERR_INVALID, "MRC_SEG_EXCL and MRC_SEG_NOCREATE exclude each other");
+  }
+  if ((p->flags & MRC_SEG_NODATA) != 0 && (p->flags & (MRC_SEG_HEAP | MRC_SEG_FILE)) != 0) {
+    return fail(MRC_ERR_INVALID, "MRC_SEG_NODATA has neither heap nor file");
+  }
+  if ((p->flags & MRC_SEG_FILE) != 0) {
+    if (p->backing_file == nullptr || p->backing_file[0] != '/' ||
+        std::strlen(p->backing_file) > kPathMax) {
+      return fail(MRC_ERR_INVALID,
+                  "MRC_SEG_FILE needs an absolute backing_file of at most {} "
+                  "characters",
+                  kPathMax);
+    }
+  }
+  if (p->numa_node < -1) return fail(MRC_ERR_INVALID, "numa_node: -1 or a node");
+  if (p->size > (kMaxVaPages * kVaPageSize)) {
+    return fail(MRC_ERR_INVALID, "size {} exceeds any window", p->size);
+  }
+  return MRC_OK;
+}
+
+// The backing file of a MRC_SEG_FILE segment: created 0600/mode with O_EXCL, or opened and
+// checked. *hugepage: its page size when it lives on hugetlbfs, else 0.
+mrc_status_t open_backing(mrc_seg_domain *d, const char *path, uint64_t *size_inout, bool creating,
+                          int *fd_out, uint64_t *hugepage) {
+  *hugepage = 0;
+  int fd = -1;
+  bool created = false;
+  if (creating) {
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, d->mode);
+    created = fd >= 0;
+  }
+  if (fd < 0 && (!creating || errno == EEXIST)) {
+    fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  }
+  if (fd < 0) return fail(MRC_ERR_IO, "backing file {}: {}", path, errno_text(errno));
+  struct statfs fs {};
+  if (fstatfs(fd, &fs) == 0 && static_cast<uint64_t>(fs.f_type) == HUGETLBFS_MAGIC) {
+    *hugepage = static_cast<uint64_t>(fs.f_bsize);
+  }
+  if (created) {
+    const mrc_status_t given = give_to_domain(fd, path, d->uid, d->gid, d->mode);
+    if (given != MRC_OK) {
+      close(fd);
+      return given;
+    }
+  }
+  mrc_status_t st = check_file(fd, path, d->uid, d->gid, d->mode, 0);
+  if (st != MRC_OK) {
+    close(fd);
+    return st;
+  }
+  const uint64_t page = *hugepage != 0 ? *hugepage : kPage;
+  const uint64_t want = round_up(*size_inout, page);
+  struct stat sb {};
+  fstat(fd, &sb);
+  if (created || (creating && static_cast<uint64_t>(sb.st_size) < want && sb.st_size == 0)) {
+    if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
+      close(fd);
+      return fail(MRC_ERR_IO, "sizing {}: {}", path, errno_text(errno));
+    }
+  } else if (static_cast<uint64_t>(sb.st_size) < want) {
+    close(fd);
+    return fail(MRC_ERR_INVALID, "{} has {} bytes, the segment needs {}: refused", path, sb.st_size,
+                want);
+  }
+  *size_inout = want;
+  *fd_out = fd;
+  return MRC_OK;
+}
+
+mrc_seg *new_handle(mrc_seg_domain *d, MappedSegment *m, bool created) {
+  auto *seg = new (std::nothrow) mrc_seg;
+  if (seg == nullptr) return nullptr;
+  seg->domain = d;
+  seg->map = m;
+  seg->created = created;
+  return seg;
+}
+
+// Validates the header of a segment mapped at `start` against its directory entry.
+mrc_status_t validate_segment(const mrc_seg_domain *d, const SegEntry &e, const char *start) {
+  const auto *h = reinterpret_cast<const SegHeader *>(start);
+  const auto base = reinterpret_cast<uint64_t>(start);
+  if (h->magic != kSegMagic || h->layout_version != kLayoutVersion ||
+      h->domain_id != d->domain_id || h->generation != e.generation || h->base != base ||
+      h->map_size != e.map_size || h->data_offset != e.data_offset || h->data_size != e.data_size ||
+      std::strncmp(h->name, e.name, sizeof h->name) != 0) {
+    return fail(MRC_ERR_INVALID,
+                "segment {}: its header does not match its directory entry: refused", e.name);
+  }
+  return MRC_OK;
+}
+
+// Maps a ready segment at its window address. REQUIRES: domain lock held.
+mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSegment *m) {
+  char *start = reinterpret_cast<char *>(d->base + e.va_offset);
+  m->start = start;
+  m->va_len = e.va_pages * kVaPageSize;
+  m->map_size = e.map_size;
+  m->data = start + e.data_offset;
+  m->data_size = e.data_size;
+  if ((e.flags & MRC_SEG_NODATA) != 0) return MRC_OK;
+  char name[160];
+  segment_shm_name(d->prefix, e.generation, e.name, name);
+  const int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) return fail(MRC_ERR_IO, "segment file /dev/shm{}: {}", name, errno_text(errno));
+  char what[200];
+  auto res = fmt::format_to_n(what, sizeof what - 1, "/dev/shm{}", name);
+  *res.out = '\0';
+  mrc_status_t st = check_file(fd, what, d->uid, d->gid, d->mode, e.map_size);
+  if (st == MRC_OK &&
+      mmap(start, e.map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != start) {
+    st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", what, errno_text(errno));
+  }
+  close(fd);
+  if (st != MRC_OK) return st;
+  if ((e.flags & MRC_SEG_FILE) != 0) {
+    const int bfd = open(e.backing_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    struct stat sb {};
+    if (bfd < 0 || fstat(bfd, &sb) != 0 || sb.st_dev != e.backing_dev ||
+        sb.st_ino != e.backing_ino) {
+      st = fail(MRC_ERR_INVALID, "backing file {} is not the file the segment was created on",
+                e.backing_path);
+    } else {
+      st = check_file(bfd, e.backing_path, d->uid, d->gid, d->mode, 0);
+      if (st == MRC_OK && static_cast<uint64_t>(sb.st_size) < e.data_size) {
+        st = fail(MRC_ERR_INVALID, "backing file {} shrank: refused", e.backing_path);
+      }
+      if (st == MRC_OK && mmap(m->data, e.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                               bfd, 0) != m->data) {
+        st = fail(MRC_ERR_NO_MEMORY, "mapping {}: {}", e.backing_path, errno_text(errno));
+      }
+    }
+    if (bfd >= 0) close(bfd);
+  }
+  if (st == MRC_OK) st = validate_segment(d, e, start);
+  if (st != MRC_OK) {
+    (void)reserve_again(start, m->va_len);
+    return st;
+  }
+  m->header = reinterpret_cast<SegHeader *>(start);
+  return MRC_OK;
+}
+
+// Creates a segment. REQUIRES: domain lock held, no ready entry of that name.
+mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedSegment *m) {
+  RootHeader *root = d->root;
+  if (p->size == 0) return fail(MRC_ERR_INVALID, "segment {} does not exist; size 0", p->name);
+  SegLayout lay{};
+  int backing_fd = -1;
+  uint64_t hugepage = 0;
+  if ((p->flags & MRC_SEG_FILE) != 0) {
+    uint64_t size = p->size;
+    mrc_status_t st = open_backing(d, p->backing_file, &size, true, &backing_fd, &hugepage);
+    if (st != MRC_OK) return st;
+    if (hugepage > kVaPageSize) {
+      close(backing_fd);
+      return fail(MRC_ERR_UNSUPPORTED, "huge pages of {} bytes exceed the window's 2 MiB granule",
+                  hugepage);
+    }
+    lay.map_size = kSegHeaderSize;
+    lay.data_offset = hugepage != 0 ? kVaPageSize : kSegHeaderSize;
+    lay.data_size = size;
+  } else if ((p->flags & MRC_SEG_NODATA) != 0) {
+    lay.map_size = 0;
+    lay.data_offset = 0;
+    lay.data_size = round_up(p->size, kPage);
+  } else {
+    lay.data_offset = kSegHeaderSize;
+    lay.data_size = round_up(p->size, kPage);
+    lay.map_size = kSegHeaderSize + lay.data_size;
+  }
+  lay.va_pages = round_up(lay.data_offset + lay.data_size, kVaPageSize) / kVaPageSize;
+  if ((p->flags & MRC_SEG_HEAP) != 0 && lay.data_size > SharedHeap::kMaxHeapSize) {
+    if (backing_fd >= 0) close(backing_fd);
+    return fail(MRC_ERR_INVALID, "a heap segment holds at most {} bytes", SharedHeap::kMaxHeapSize);
+  }
+
+  unsigned index = kMaxSegments;
+  for (unsigned i = 0; i < kMaxSegments; ++i) {
+    if (root->segments[i].state == kEntryFree) {
+      index = i;
+      break;
+    }
+  }
+  const uint64_t first = find_pages(root, lay.va_pages);
+  if (index == kMaxSegments || first == ~uint64_t{0}) {
+    if (backing_fd >= 0) close(backing_fd);
+    return index == kMaxSegments
+               ? fail(MRC_ERR_NO_MEMORY, "the directory holds {} segments already", kMaxSegments)
+               : fail(MRC_ERR_NO_MEMORY, "no room for {} pages of 2 MiB in the window",
+                      lay.va_pages);
+  }
+
+  // Record the intent first: a crash from here on is rolled back by repair_locked().
+  SegEntry &e = root->segments[index];
+  std::memset(&e, 0, sizeof e);
+  e.flags = p->flags & (MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE);
+  e.generation = root->next_generation++;
+  e.va_offset = first * kVaPageSize;
+  e.va_pages = lay.va_pages;
+  e.map_size = lay.map_size;
+  e.data_offset = lay.data_offset;
+  e.data_size = lay.data_size;
+  e.numa_node = p->numa_node;
+  e.creator_slot = static_cast<uint32_t>(d->slot);
+  e.created_ns = realtime_ns();
+  std::strcpy(e.name, p->name);  // NOLINT: bounded by valid_name
+  if (backing_fd >= 0) {
+    struct stat sb {};
+    fstat(backing_fd, &sb);
+    e.backing_dev = sb.st_dev;
+    e.backing_ino = sb.st_ino;
+    std::strcpy(e.backing_path, p->backing_file);  // NOLINT: bounded by validate_params
+  }
+  commit();
+  e.state = kEntryCreating;
+  commit();
+  mark_pages(root, first, lay.va_pages, true);
+
+  char *start = reinterpret_cast<char *>(d->base + e.va_offset);
+  m->start = start;
+  m->va_len = lay.va_pages * kVaPageSize;
+  m->map_size = lay.map_size;
+  m->data = start + lay.data_offset;
+  m->data_size = lay.data_size;
+  mrc_status_t st = MRC_OK;
+  if ((p->flags & MRC_SEG_NODATA) == 0) {
+    char name[160];
+    segment_shm_name(d->prefix, e.generation, e.name, name);
+    const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+    if (fd < 0) {
+      st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, errno_text(errno));
+    } else {
+      st = give_to_domain(fd, name, d->uid, d->gid, d->mode);
+      if (st == MRC_OK && ftruncate(fd, static_cast<off_t>(lay.map_size)) != 0) {
+        st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, errno_text(errno));
+      } else if (st == MRC_OK && mmap(start, lay.map_size, PROT_READ | PROT_WRITE,
+                                      MAP_SHARED | MAP_FIXED, fd, 0) != start) {
+        st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, errno_text(errno));
+      }
+      close(fd);
+    }
+    if (st == MRC_OK && backing_fd >= 0 &&
+        mmap(m->data, lay.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, backing_fd,
+             0) != m->data) {
+      st = fail(hugepage != 0 && errno == ENOMEM ? MRC_ERR_NO_MEMORY : MRC_ERR_IO,
+                "mapping {}: {}{}", p->backing_file, errno_text(errno),
+                hugepage != 0 ? " (not enough free huge pages?)" : "");
+    }
+    // NUMA: the policy goes on before anything touches the pages.
+    if (st == MRC_OK && p->numa_node >= 0) {
+      st = numa_bind(start, lay.map_size, p->numa_node);
+      if (st == MRC_OK && backing_fd >= 0) st = numa_bind(m->data, lay.data_size, p->numa_node);
+    }
+    if (st == MRC_OK) {
+      auto *h = reinterpret_cast<SegHeader *>(start);
+      h->magic = kSegMagic;
+      h->layout_version = kLayoutVersion;
+      h->flags = e.flags;
+      h->domain_id = d->domain_id;
+      h->generation = e.generation;
+      h->base = reinterpret_cast<uint64_t>(start);
+      h->map_size = lay.map_size;
+      h->data_offset = lay.data_offset;
+      h->data_size = lay.data_size;
+      h->numa_node = p->numa_node;
+      std::strcpy(h->name, p->name);  // NOLINT: bounded
+      if ((p->flags & MRC_SEG_HEAP) != 0) st = SharedHeap::init(&h->heap, m->data, lay.data_size);
+      m->header = h;
+    }
+  }
+  if (backing_fd >= 0) close(backing_fd);
+  if (st != MRC_OK) {
+    (void)reserve_again(start, m->va_len);
+    m->header = nullptr;
+    teardown_entry_locked(d, index);
+    return st;
+  }
+  set_client_bit(e, static_cast<unsigned>(d->slot), true);
+  commit();
+  e.state = kEntryReady;
+  m->entry = index;
+  m->generation = e.generation;
+  return MRC_OK;
+}
+
+}  // namespace
+
+mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg **out) noexcept {
+  clear_error();
+  if (out == nullptr) return fail(MRC_ERR_INVALID, "out is NULL");
+  if (!usable_here(d)) return MRC_ERR_INVALID;
+  if (d->observer) return fail(MRC_ERR_INVALID, "an observer handle cannot open segments");
+  mrc_status_t st = validate_params(p);
+  if (st != MRC_OK) return st;
+  if ((p->flags & MRC_SEG_HUGETLB) != 0) {
+    return fail(MRC_ERR_UNSUPPORTED,
+                "named segments live in /dev/shm (tmpfs, no huge pages): use MRC_SEG_FILE with a "
+                "backing_file on hugetlbfs, or a memfd segment");
+  }
+  if (p->numa_node >= 0) {
+    st = numa_check_node(p->numa_node);
+    if (st != MRC_OK) return st;
+  }
+  auto *m = new (std::nothrow) MappedSegment;
+  if (m == nullptr) return fail(MRC_ERR_NO_MEMORY, "out of memory");
+
+  pthread_mutex_lock(&d->mu);
+  st = lock_domain(d, nullptr);
+  if (st != MRC_OK) {
+    pthread_mutex_unlock(&d->mu);
+    delete m;
+    return st;
+  }
+  RootHeader *root = d->root;
+  int found = -1;
+  for (unsigned i = 0; i < kMaxSegments; ++i) {
+    if (root->segments[i].state == kEntryReady &&
+        std::strncmp(root->segments[i].name, p->name, sizeof root->segments[i].name) == 0) {
+      found = static_cast<int>(i);
+      break;
+    }
+  }
+  bool created = false;
+  MappedSegment *result = nullptr;
+  if (found >= 0) {
+    SegEntry &e = root->segments[found];
+    const unsigned kinds = MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE;
+    if ((p->flags & MRC_SEG_EXCL) != 0) {
+      st = fail(MRC_ERR_EXISTS, "segment {} exists", p->name);
+    } else if ((p->flags & kinds) != e.flags) {
+      st = fail(MRC_ERR_INVALID, "segment {} exists with flags {:#x}, asked {:#x}", p->name,
+                e.flags, p->flags & kinds);
+    } else if (p->size > e.data_size) {
+      st = fail(MRC_ERR_INVALID, "segment {} exists with {} bytes, asked {}", p->name, e.data_size,
+                p->size);
+    } else {
+      for (MappedSegment *x = d->maps; x != nullptr; x = x->next) {
+        if (x->entry == static_cast<uint32_t>(found) && x->generation == e.generation) result = x;
+      }
+      if (result == nullptr) {
+        st = map_existing_locked(d, e, m);
+        if (st == MRC_OK) {
+          m->entry = static_cast<uint32_t>(found);
+          m->generation = e.generation;
+          set_client_bit(e, static_cast<unsigned>(d->slot), true);
+          result = m;
+        }
+      }
+    }
+  } else if ((p->flags & MRC_SEG_NOCREATE) != 0) {
+    st = fail(MRC_ERR_NOT_FOUND, "no segment {}", p->name);
+  } else {
+    st = create_locked(d, p, m);
+    if (st == MRC_OK) {
+      result = m;
+      created = true;
+    }
+  }
+  unlock_domain(d);
+  if (st == MRC_OK) {
+    if (result == m) {
+      const SegEntry &e = root->segments[m->entry];
+      m->flags = e.flags;
+      m->numa_node = e.numa_node;
+      std::strcpy(m->name, e.name);  // NOLINT: bounded
+      m->next = d->maps;
+      d->maps = m;
+    } else {
+      delete m;
+    }
+    mrc_seg *seg = new_handle(d, result, created);
+    if (seg == nullptr) {
+      pthread_mutex_unlock(&d->mu);
+      mrc_seg tmp;
+      tmp.domain = d;
+      tmp.map = result;
+      result->refs++;
+      d->open_segments++;
+      (void)segment_close(&tmp);  // undo the open (takes mu itself)
+      return fail(MRC_ERR_NO_MEMORY, "out of memory");
+    }
+    result->refs++;
+    d->open_segments++;
+    *out = seg;
+  } else {
+    delete m;
+  }
+  pthread_mutex_unlock(&d->mu);
+  return st;
+}
+
+mrc_status_t segment_close(mrc_seg *seg) noexcept {
+  mrc_seg_domain *d = seg->domain;
+  MappedSegment *m = seg->map;
+  if (!usable_here(d)) return MRC_ERR_INVALID;
+  pthread_mutex_lock(&d->mu);
+  if (--m->refs == 0) {
+    // Leave the directory first, then give the range back to the reservation while still
+    // holding mu: no thread of ours can map the pages' next owner before.
+    if (lock_domain(d, nullptr) == MRC_OK) {
+      SegEntry &e = d->root->segments[m->entry];
+      if (e.state == kEntryReady && e.generation == m->generation) {
+        set_client_bit(e, static_cast<unsigned>(d->slot), false);
+        if (!has_clients(e)) teardown_entry_locked(d, m->entry);
+      }
+      unlock_domain(d);
+    }
+    // Never leave the old pages mapped: without a reservation (the kernel out of VMAs) a hole
+    // in the window is the lesser harm.
+    if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
+    for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
+      if (*link == m) {
+        *link = m->next;
+        break;
+      }
+    }
+    delete m;
+  }
+  d->open_segments--;
+  pthread_mutex_unlock(&d->mu);
+  return MRC_OK;
+}
+
+}  // namespace mrc::seg
