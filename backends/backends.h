@@ -35,7 +35,8 @@ concept Backend = requires(Ctx &ctx, void *opaque, void *addr, std::size_t len, 
 };
 // clang-format on
 
-// Records "<backend>: <cause>" for mrc_backend_last_error() on this thread. Returns `status`
+// Records "<backend>: <cause>" as this thread's last error (base/error.h: what mrc_last_error()
+// and its alias mrc_backend_last_error() return). Returns `status`
 // so that a failure reads `return Fail(MRC_ERR_NO_MEMORY, kName, "...", ...);`.
 mrc_status_t Fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept
     __attribute__((format(printf, 3, 4)));

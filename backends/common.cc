@@ -1,26 +1,25 @@
-// What every backend shares: the per-thread cause of the last failure, argument checks, the
-// not-supported defaults and the completion of a plugin's ops table.
+// What every backend shares: the cause of a failure (written to the thread's last error,
+// base/error.h), argument checks, the not-supported defaults and the completion of a plugin's
+// ops table.
 //
-// SYNCHRONIZATION: the only state is the thread-local message buffer; each thread reads and
-// writes only its own. Everything else is pure.
+// SYNCHRONIZATION: the only state is the thread-local last error (base/error.h); each thread
+// reads and writes only its own. Everything else is pure.
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 
 #include "backends/backends.h"
+#include "base/error.h"
 
 namespace mrc::backends {
 namespace {
 
-constexpr std::size_t kMessageSize = 256;
-thread_local char t_last_error[kMessageSize];
-
+// "<backend>: <cause>" into the thread's last error.
 __attribute__((format(printf, 2, 0))) void SetErrorV(const char *backend, const char *fmt,
                                                      std::va_list args) noexcept {
-  int prefix =
-      std::snprintf(t_last_error, kMessageSize, "%s: ", backend != nullptr ? backend : "plugin");
-  if (prefix < 0 || static_cast<std::size_t>(prefix) >= kMessageSize) return;
-  std::vsnprintf(t_last_error + prefix, kMessageSize - static_cast<std::size_t>(prefix), fmt, args);
+  char cause[kLastErrorSize];
+  std::vsnprintf(cause, sizeof cause, fmt, args);
+  set_last_error("%s: %s", backend != nullptr ? backend : "plugin", cause);
 }
 
 }  // namespace
@@ -71,7 +70,8 @@ mrc_backend_t CompleteOps(const mrc_backend_t &in) noexcept {
 
 extern "C" {
 
-MRC_API const char *mrc_backend_last_error(void) { return mrc::backends::t_last_error; }
+// An alias of mrc_last_error() (base/error.cc).
+MRC_API const char *mrc_backend_last_error(void) { return mrc::last_error(); }
 
 MRC_API void mrc_backend_set_error(const char *backend, const char *fmt, ...) {
   if (fmt == nullptr) fmt = "unknown error";

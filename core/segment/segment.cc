@@ -1,4 +1,5 @@
-// The C API of segment handles: base/size, the heap, info, close, and the last error.
+// The C API of segment handles: base/size, the heap, info, close, and the last error (an alias of
+// mrc_last_error, base/error.h).
 //
 // SYNCHRONIZATION: a handle's mapping is immutable while the handle is open (the caller must
 // not close a handle another thread still uses). The heap takes its own robust lock (heap.h).
@@ -10,6 +11,7 @@
 
 #include <cstring>
 
+#include "base/error.h"
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
 #include "core/segment/sys.h"
@@ -132,6 +134,7 @@ mrc_status_t mrc_seg_close(mrc_seg_t *seg) {
   return st;
 }
 
-const char *mrc_seg_last_error(void) { return mrc::seg::last_error(); }
+// An alias of mrc_last_error() (base/error.cc).
+const char *mrc_seg_last_error(void) { return mrc::last_error(); }
 
 }  // extern "C"

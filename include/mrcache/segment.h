@@ -194,7 +194,9 @@ MRC_API mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock);
  * address with MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that range is taken here. */
 MRC_API mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out);
 
-/* Why the calling thread's last failed mrc_seg_* call failed ("" when it did not). */
+/* Why the calling thread's last failed mrc_seg_* call failed ("" when it did not). An alias of
+ * mrc_last_error() (mrcache.h): the mrc_seg_* calls that return a status clear that text when
+ * they start, and every mrc_seg_* call sets it when it fails. */
 MRC_API const char *mrc_seg_last_error(void);
 
 #ifdef __cplusplus
