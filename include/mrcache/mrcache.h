@@ -8,8 +8,8 @@
  * running on a newer libmrcache.so.0. Symbols carry versions (MRCACHE_0 = 0.1, MRCACHE_0.2, ...):
  * a function whose arguments changed keeps its old version for old programs. Structs that
  * grow say how large the caller's copy is:
- *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t) start with
- *     `size_t struct_size`, which the *_init function sets to sizeof;
+ *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t)
+ *     start with `size_t struct_size`, which the *_init function sets to sizeof;
  *   - structs the library fills (mrc_stats_t, mrc_monitor_info_t) are passed with their size
  *     (mrc_cache_stats_sized, mrc_monitor_info_sized; mrc_cache_stats and mrc_monitor_info are
  *     inline wrappers that pass sizeof).
