@@ -15,8 +15,8 @@ namespace mrc::backends {
 namespace {
 
 // "<backend>: <cause>" into the thread's last error.
-__attribute__((format(printf, 2, 0))) void SetErrorV(const char *backend, const char *fmt,
-                                                     std::va_list args) noexcept {
+__attribute__((format(printf, 2, 0))) void set_error_v(const char *backend, const char *fmt,
+                                                       std::va_list args) noexcept {
   char cause[kLastErrorSize];
   std::vsnprintf(cause, sizeof cause, fmt, args);
   set_last_error("%s: %s", backend != nullptr ? backend : "plugin", cause);
@@ -24,45 +24,45 @@ __attribute__((format(printf, 2, 0))) void SetErrorV(const char *backend, const 
 
 }  // namespace
 
-mrc_status_t Fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept {
+mrc_status_t fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept {
   std::va_list args;
   va_start(args, fmt);
-  SetErrorV(backend, fmt, args);
+  set_error_v(backend, fmt, args);
   va_end(args);
   return status;
 }
 
-mrc_status_t CheckRegArgs(const char *backend, const void *addr, std::size_t len, unsigned prot,
-                          void *const *handle_out, const std::uint64_t *key) noexcept {
+mrc_status_t check_reg_args(const char *backend, const void *addr, std::size_t len, unsigned prot,
+                            void *const *handle_out, const std::uint64_t *key) noexcept {
   if (handle_out == nullptr || key == nullptr)
-    return Fail(MRC_ERR_INVALID, backend, "reg called without handle or key output");
+    return fail(MRC_ERR_INVALID, backend, "reg called without handle or key output");
   if (addr == nullptr || len == 0)
-    return Fail(MRC_ERR_INVALID, backend, "empty range (addr %p, length %zu)", addr, len);
+    return fail(MRC_ERR_INVALID, backend, "empty range (addr %p, length %zu)", addr, len);
   const auto start = reinterpret_cast<std::uintptr_t>(addr);
   if (start + len < start)
-    return Fail(MRC_ERR_INVALID, backend, "range %p + %zu wraps around", addr, len);
+    return fail(MRC_ERR_INVALID, backend, "range %p + %zu wraps around", addr, len);
   if ((prot & ~static_cast<unsigned>(MRC_PROT_READ | MRC_PROT_WRITE)) != 0)
-    return Fail(MRC_ERR_INVALID, backend, "unknown protection bits 0x%x", prot);
+    return fail(MRC_ERR_INVALID, backend, "unknown protection bits 0x%x", prot);
   return MRC_OK;
 }
 
-mrc_status_t UnsupportedReg(void *, void *, std::size_t, unsigned, void **,
-                            std::uint64_t *) noexcept {
-  return Fail(MRC_ERR_UNSUPPORTED, nullptr, "the plugin has no reg operation");
+mrc_status_t unsupported_reg(void *, void *, std::size_t, unsigned, void **,
+                             std::uint64_t *) noexcept {
+  return fail(MRC_ERR_UNSUPPORTED, nullptr, "the plugin has no reg operation");
 }
 
-void NoopDereg(void *, void *) noexcept {}
+void noop_dereg(void *, void *) noexcept {}
 
-int HandleDescribe(void *, void *handle, char *buf, std::size_t len) noexcept {
+int handle_describe(void *, void *handle, char *buf, std::size_t len) noexcept {
   return std::snprintf(buf, len, "handle %p", handle);
 }
 
-mrc_backend_t CompleteOps(const mrc_backend_t &in) noexcept {
+mrc_backend_t complete_ops(const mrc_backend_t &in) noexcept {
   return mrc_backend_t{
       .name = in.name != nullptr ? in.name : "plugin",
-      .reg = in.reg != nullptr ? in.reg : UnsupportedReg,
-      .dereg = in.dereg != nullptr ? in.dereg : NoopDereg,
-      .describe = in.describe != nullptr ? in.describe : HandleDescribe,
+      .reg = in.reg != nullptr ? in.reg : unsupported_reg,
+      .dereg = in.dereg != nullptr ? in.dereg : noop_dereg,
+      .describe = in.describe != nullptr ? in.describe : handle_describe,
   };
 }
 
@@ -77,13 +77,13 @@ MRC_API void mrc_backend_set_error(const char *backend, const char *fmt, ...) {
   if (fmt == nullptr) fmt = "unknown error";
   std::va_list args;
   va_start(args, fmt);
-  mrc::backends::SetErrorV(backend, fmt, args);
+  mrc::backends::set_error_v(backend, fmt, args);
   va_end(args);
 }
 
 MRC_API mrc_status_t mrc_backend_complete(const mrc_backend_t *in, mrc_backend_t *out) {
   if (in == nullptr || out == nullptr) return MRC_ERR_INVALID;
-  *out = mrc::backends::CompleteOps(*in);
+  *out = mrc::backends::complete_ops(*in);
   return MRC_OK;
 }
 
