@@ -7,7 +7,7 @@
 
 namespace mrc {
 namespace {
-thread_local char t_last_error[kLastErrorSize];
+thread_local char tls_last_error[kLastErrorSize];
 }  // namespace
 
 void set_last_error(const char *format, ...) noexcept {
@@ -18,12 +18,12 @@ void set_last_error(const char *format, ...) noexcept {
 }
 
 void set_last_error_v(const char *format, std::va_list args) noexcept {
-  std::vsnprintf(t_last_error, sizeof t_last_error, format, args);
+  std::vsnprintf(tls_last_error, sizeof tls_last_error, format, args);
 }
 
-void clear_last_error() noexcept { t_last_error[0] = '\0'; }
+void clear_last_error() noexcept { tls_last_error[0] = '\0'; }
 
-const char *last_error() noexcept { return t_last_error; }
+const char *last_error() noexcept { return tls_last_error; }
 
 }  // namespace mrc
 
