@@ -2,8 +2,8 @@
 //
 // The ABI boundary is the C ops table mrc_backend_t (include/mrcache/mrcache.h); inside the
 // library an engine is a context class that satisfies the Backend concept below, and
-// OpsFor<Engine>() turns it into an ops table with designated initialisers. Every table the
-// core holds is complete (CompleteOps): missing operations of a runtime's plugin are filled with
+// ops_for<Engine>() turns it into an ops table with designated initialisers. Every table the
+// core holds is complete (complete_ops): missing operations of a runtime's plugin are filled with
 // not-supported defaults, so the core calls reg/dereg/describe without testing for NULL (the
 // model is rdma-core's verbs_context_ops and dummy_ops.c).
 //
@@ -19,7 +19,7 @@
 
 namespace mrc::backends {
 
-// An engine: `Ctx::kName` names it in messages; `Ctx::Resolve(void *)` turns the opaque
+// An engine: `Ctx::kName` names it in messages; `Ctx::resolve(void *)` turns the opaque
 // backend_ctx into the engine (nullptr = no usable context: reg fails with MRC_ERR_INVALID);
 // the three operations never throw.
 // (clang-format 14 tears compound requirements with noexcept apart.)
@@ -28,56 +28,57 @@ template <class Ctx>
 concept Backend = requires(Ctx &ctx, void *opaque, void *addr, std::size_t len, unsigned prot,
                            void **handle_out, std::uint64_t *key, void *handle, char *buf) {
   { Ctx::kName } -> std::convertible_to<const char *>;
-  { Ctx::Resolve(opaque) } noexcept -> std::same_as<Ctx *>;
-  { ctx.Reg(addr, len, prot, handle_out, key) } noexcept -> std::same_as<mrc_status_t>;
-  { ctx.Dereg(handle) } noexcept -> std::same_as<void>;
-  { ctx.Describe(handle, buf, len) } noexcept -> std::same_as<int>;
+  { Ctx::resolve(opaque) } noexcept -> std::same_as<Ctx *>;
+  { ctx.reg(addr, len, prot, handle_out, key) } noexcept -> std::same_as<mrc_status_t>;
+  { ctx.dereg(handle) } noexcept -> std::same_as<void>;
+  { ctx.describe(handle, buf, len) } noexcept -> std::same_as<int>;
 };
 // clang-format on
 
-// Records "<backend>: <cause>" for mrc_backend_last_error() on this thread. Returns `status`
-// so that a failure reads `return Fail(MRC_ERR_NO_MEMORY, kName, "...", ...);`.
-mrc_status_t Fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept
+// Records "<backend>: <cause>" as this thread's last error (base/error.h: what mrc_last_error()
+// and its alias mrc_backend_last_error() return). Returns `status`
+// so that a failure reads `return fail(MRC_ERR_NO_MEMORY, kName, "...", ...);`.
+mrc_status_t fail(mrc_status_t status, const char *backend, const char *fmt, ...) noexcept
     __attribute__((format(printf, 3, 4)));
 
 // The checks every reg shares: outputs present, len > 0, no wrap-around, known prot bits.
 // On failure sets the last error and returns MRC_ERR_INVALID.
-[[nodiscard]] mrc_status_t CheckRegArgs(const char *backend, const void *addr, std::size_t len,
-                                        unsigned prot, void *const *handle_out,
-                                        const std::uint64_t *key) noexcept;
+[[nodiscard]] mrc_status_t check_reg_args(const char *backend, const void *addr, std::size_t len,
+                                          unsigned prot, void *const *handle_out,
+                                          const std::uint64_t *key) noexcept;
 
 // The not-supported defaults and the completion of a runtime's table.
-mrc_status_t UnsupportedReg(void *ctx, void *addr, std::size_t len, unsigned prot, void **handle,
-                            std::uint64_t *key) noexcept;
-void NoopDereg(void *ctx, void *handle) noexcept;
-int HandleDescribe(void *ctx, void *handle, char *buf, std::size_t len) noexcept;
+mrc_status_t unsupported_reg(void *ctx, void *addr, std::size_t len, unsigned prot, void **handle,
+                             std::uint64_t *key) noexcept;
+void noop_dereg(void *ctx, void *handle) noexcept;
+int handle_describe(void *ctx, void *handle, char *buf, std::size_t len) noexcept;
 // `in` with every NULL operation replaced by its default (name NULL -> "plugin").
-[[nodiscard]] mrc_backend_t CompleteOps(const mrc_backend_t &in) noexcept;
+[[nodiscard]] mrc_backend_t complete_ops(const mrc_backend_t &in) noexcept;
 
 // A complete ops table for an engine. reg validates its arguments, resolves the context and
 // calls the engine; dereg and describe trust what reg handed out.
 template <Backend Ctx>
-constexpr mrc_backend_t OpsFor() noexcept {
+constexpr mrc_backend_t ops_for() noexcept {
   return mrc_backend_t{
       .name = Ctx::kName,
       .reg = [](void *opaque, void *addr, std::size_t len, unsigned prot, void **handle,
                 std::uint64_t *key) noexcept -> mrc_status_t {
-        if (mrc_status_t s = CheckRegArgs(Ctx::kName, addr, len, prot, handle, key); s != MRC_OK)
+        if (mrc_status_t s = check_reg_args(Ctx::kName, addr, len, prot, handle, key); s != MRC_OK)
           return s;
-        Ctx *ctx = Ctx::Resolve(opaque);
+        Ctx *ctx = Ctx::resolve(opaque);
         if (ctx == nullptr)
-          return Fail(MRC_ERR_INVALID, Ctx::kName, "no context (backend_ctx is NULL)");
-        return ctx->Reg(addr, len, prot, handle, key);
+          return fail(MRC_ERR_INVALID, Ctx::kName, "no context (backend_ctx is NULL)");
+        return ctx->reg(addr, len, prot, handle, key);
       },
       .dereg =
           [](void *opaque, void *handle) noexcept {
-            Ctx *ctx = Ctx::Resolve(opaque);
-            if (ctx != nullptr) ctx->Dereg(handle);
+            Ctx *ctx = Ctx::resolve(opaque);
+            if (ctx != nullptr) ctx->dereg(handle);
           },
       .describe = [](void *opaque, void *handle, char *buf, std::size_t len) noexcept -> int {
-        Ctx *ctx = Ctx::Resolve(opaque);
-        if (ctx == nullptr) return HandleDescribe(opaque, handle, buf, len);
-        return ctx->Describe(handle, buf, len);
+        Ctx *ctx = Ctx::resolve(opaque);
+        if (ctx == nullptr) return handle_describe(opaque, handle, buf, len);
+        return ctx->describe(handle, buf, len);
       },
   };
 }

@@ -17,7 +17,7 @@ namespace detail {
 
 constinit thread_local EpochTlsCache tls_epoch_cache
     __attribute__((tls_model("initial-exec"))) = {0, nullptr};
-constinit GlobalEpochStorage global_epoch_storage;
+constinit GlobalEpochStorage g_epoch_storage;
 
 struct EpochSlotChunk {
   static constexpr size_t kSlots = 32;
@@ -131,7 +131,7 @@ struct EpochRegistry {
   static constinit inline std::atomic<uint64_t> next_id{2};
 
   static EpochDomain *find_locked(uint64_t id) noexcept {
-    if (id == global_epoch_storage.domain.id_) return &global_epoch_storage.domain;
+    if (id == g_epoch_storage.domain.id_) return &g_epoch_storage.domain;
     for (EpochDomain *d = live; d != nullptr; d = d->next_live_) {
       if (d->id_ == id) return d;
     }
@@ -163,16 +163,16 @@ struct EpochRegistry {
   // ours last, after handlers (the cache's) that may still retire objects while preparing.
   static void prepare() noexcept {
     mutex.lock();
-    global_epoch_storage.domain.mutex_.lock();
+    g_epoch_storage.domain.mutex_.lock();
     for (EpochDomain *d = live; d != nullptr; d = d->next_live_) d->mutex_.lock();
   }
   static void parent() noexcept {
     for (EpochDomain *d = live; d != nullptr; d = d->next_live_) d->mutex_.unlock();
-    global_epoch_storage.domain.mutex_.unlock();
+    g_epoch_storage.domain.mutex_.unlock();
     mutex.unlock();
   }
   static void child() noexcept {
-    global_epoch_storage.domain.fork_child_locked();
+    g_epoch_storage.domain.fork_child_locked();
     for (EpochDomain *d = live; d != nullptr; d = d->next_live_) d->fork_child_locked();
     parent();
   }
@@ -180,7 +180,7 @@ struct EpochRegistry {
 
 namespace {
 
-[[maybe_unused]] const int fork_handlers_installed =
+[[maybe_unused]] const int g_fork_handlers_installed =
     pthread_atfork(&EpochRegistry::prepare, &EpochRegistry::parent, &EpochRegistry::child);
 
 void ThreadEpochState::prune_dead_domains() noexcept {

@@ -203,11 +203,11 @@ struct GlobalEpochStorage {
   constexpr GlobalEpochStorage() noexcept : domain(EpochDomain::GlobalTag{}) {}
   ~GlobalEpochStorage() {}
 };
-extern constinit GlobalEpochStorage global_epoch_storage;
+extern constinit GlobalEpochStorage g_epoch_storage;
 }  // namespace detail
 
 // The process-wide domain, shared by the page table and the cache.
-inline EpochDomain &epoch_domain() noexcept { return detail::global_epoch_storage.domain; }
+inline EpochDomain &epoch_domain() noexcept { return detail::g_epoch_storage.domain; }
 
 // A reader critical section. Cheap (a TLS load, a compare, two stores to a thread-owned line),
 // nestable, usable on any thread. Pointers read from structures protected by the domain stay

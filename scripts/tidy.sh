@@ -8,10 +8,11 @@
 #   PATH_REGEX  only files whose repository path matches (default: every library, tool and test
 #               source), e.g. '^(pgtable|core)/'
 # env: CLANG_TIDY (default clang-tidy), MRC_JOBS (default nproc)
+# The naming check alone, as CI runs it on the library: scripts/check-naming.sh.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$repo/build}
-filter=${2:-'^(pgtable|uffd|backends|core|tools|tests)/'}
+filter=${2:-'^(base|pgtable|uffd|backends|core|tools|tests)/'}
 tidy=${CLANG_TIDY:-clang-tidy}
 jobs=${MRC_JOBS:-$(nproc)}
 

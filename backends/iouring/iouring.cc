@@ -60,14 +60,14 @@ enum class SlotState : unsigned char {
   kLost,             // emptying failed: the buffer stays until the table goes; never reused
 };
 
-bool IsTag(std::uint64_t user_data) { return (user_data & kMagicMask) == kTagMagic; }
+bool is_tag(std::uint64_t user_data) { return (user_data & kMagicMask) == kTagMagic; }
 
-std::uint64_t MakeTag(unsigned slot, std::uint32_t generation) {
+std::uint64_t make_tag(unsigned slot, std::uint32_t generation) {
   return kTagMagic | (std::uint64_t{generation} << 16) | slot;
 }
 
 // "8192 KiB" or "unlimited", for messages about pinning.
-void DescribeMemlock(char *buf, std::size_t len) {
+void describe_memlock(char *buf, std::size_t len) {
   rlimit limit{};
   if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) {
     std::snprintf(buf, len, "unknown");
@@ -101,8 +101,8 @@ class IouringContext {
  public:
   static constexpr const char *kName = kIouringName;
 
-  static IouringContext *Resolve(void *opaque) noexcept;
-  [[nodiscard]] static mrc_status_t Create(const mrc_iouring_params_t &params,
+  static IouringContext *resolve(void *opaque) noexcept;
+  [[nodiscard]] static mrc_status_t create(const mrc_iouring_params_t &params,
                                            mrc_iouring_ctx **out) noexcept;
   ~IouringContext();
   IouringContext(const IouringContext &) = delete;
@@ -110,23 +110,23 @@ class IouringContext {
   IouringContext(IouringContext &&) = delete;
   IouringContext &operator=(IouringContext &&) = delete;
 
-  mrc_status_t Reg(void *addr, std::size_t len, unsigned prot, void **handle,
+  mrc_status_t reg(void *addr, std::size_t len, unsigned prot, void **handle,
                    std::uint64_t *key) noexcept;
-  void Dereg(void *handle) noexcept;
-  int Describe(void *handle, char *buf, std::size_t len) noexcept;
+  void dereg(void *handle) noexcept;
+  int describe(void *handle, char *buf, std::size_t len) noexcept;
 
   io_uring *ring() const noexcept { return ring_; }
-  int Complete(std::uint64_t user_data) noexcept;
-  void Slots(unsigned *installed, unsigned *awaiting, unsigned *free_slots) noexcept;
-  mrc_status_t Transfer(bool write, void *handle, int fd, const void *buf, std::size_t len,
+  int complete(std::uint64_t user_data) noexcept;
+  void slots(unsigned *installed, unsigned *awaiting, unsigned *free_slots) noexcept;
+  mrc_status_t transfer(bool write, void *handle, int fd, const void *buf, std::size_t len,
                         std::uint64_t offset, std::size_t *done) noexcept;
 
  protected:
   IouringContext() = default;
 
  private:
-  void ReleaseLocked(std::uint64_t tag);
-  void ReapLocked();
+  void release_locked(std::uint64_t tag);
+  void reap_locked();
 
   std::mutex mu_;
   io_uring owned_ring_{};
@@ -152,28 +152,28 @@ struct mrc_iouring_ctx final : mrc::backends::IouringContext {};
 
 namespace mrc::backends {
 
-IouringContext *IouringContext::Resolve(void *opaque) noexcept {
+IouringContext *IouringContext::resolve(void *opaque) noexcept {
   return static_cast<IouringContext *>(static_cast<mrc_iouring_ctx *>(opaque));
 }
 
-mrc_status_t IouringContext::Create(const mrc_iouring_params_t &params,
+mrc_status_t IouringContext::create(const mrc_iouring_params_t &params,
                                     mrc_iouring_ctx **out) noexcept {
   if ((params.flags & ~static_cast<unsigned>(MRC_IOURING_APP_REAPS)) != 0)
-    return Fail(MRC_ERR_INVALID, kName, "unknown flags 0x%x", params.flags);
+    return fail(MRC_ERR_INVALID, kName, "unknown flags 0x%x", params.flags);
   const unsigned slots = params.slots != 0 ? params.slots : MRC_IOURING_DEFAULT_SLOTS;
   if (slots > MRC_IOURING_MAX_SLOTS)
-    return Fail(MRC_ERR_INVALID, kName, "%u slots exceed the kernel's limit of %u", slots,
+    return fail(MRC_ERR_INVALID, kName, "%u slots exceed the kernel's limit of %u", slots,
                 MRC_IOURING_MAX_SLOTS);
 
   auto *ctx = new (std::nothrow) mrc_iouring_ctx;
-  if (ctx == nullptr) return Fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a context");
+  if (ctx == nullptr) return fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a context");
   ctx->flags_ = params.flags;
   ctx->slot_count_ = slots;
   ctx->slots_ = new (std::nothrow) IouringSlot[slots];
   ctx->free_ = new (std::nothrow) unsigned[slots];
   if (ctx->slots_ == nullptr || ctx->free_ == nullptr) {
     delete ctx;
-    return Fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a table of %u slots", slots);
+    return fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a table of %u slots", slots);
   }
   for (unsigned i = 0; i < slots; ++i) {
     ctx->slots_[i].ctx = ctx;
@@ -194,7 +194,7 @@ mrc_status_t IouringContext::Create(const mrc_iouring_params_t &params,
       const mrc_status_t status = ret == -ENOMEM                    ? MRC_ERR_NO_MEMORY
                                   : ret == -ENOSYS || ret == -EPERM ? MRC_ERR_UNSUPPORTED
                                                                     : MRC_ERR_BACKEND;
-      return Fail(
+      return fail(
           status, kName, "io_uring_queue_init: %s%s", strerrordesc_np(-ret),
           status == MRC_ERR_UNSUPPORTED ? " (io_uring disabled: kernel.io_uring_disabled?)" : "");
     }
@@ -211,7 +211,7 @@ mrc_status_t IouringContext::Create(const mrc_iouring_params_t &params,
                                 : ret == -ENOMEM ? MRC_ERR_NO_MEMORY
                                 : ret == -EINVAL ? MRC_ERR_UNSUPPORTED
                                                  : MRC_ERR_BACKEND;
-    return Fail(status, kName, "io_uring_register_buffers_sparse(%u): %s%s", slots,
+    return fail(status, kName, "io_uring_register_buffers_sparse(%u): %s%s", slots,
                 strerrordesc_np(-ret),
                 status == MRC_ERR_BUSY          ? " (the ring already has a buffer table)"
                 : status == MRC_ERR_UNSUPPORTED ? " (sparse buffer tables need Linux 5.19)"
@@ -234,7 +234,7 @@ IouringContext::~IouringContext() {
   delete[] free_;
 }
 
-void IouringContext::ReleaseLocked(std::uint64_t tag) {
+void IouringContext::release_locked(std::uint64_t tag) {
   const auto index = static_cast<unsigned>(tag & 0xffff);
   const auto generation = static_cast<std::uint32_t>(tag >> 16);
   if (index >= slot_count_) return;
@@ -245,12 +245,12 @@ void IouringContext::ReleaseLocked(std::uint64_t tag) {
   free_[free_count_++] = index;
 }
 
-void IouringContext::ReapLocked() {
+void IouringContext::reap_locked() {
   if ((flags_ & MRC_IOURING_APP_REAPS) != 0) return;
   io_uring_cqe *cqe = nullptr;
   // Consume the tags at the head of the queue...
-  while (io_uring_peek_cqe(ring_, &cqe) == 0 && IsTag(cqe->user_data)) {
-    ReleaseLocked(cqe->user_data);
+  while (io_uring_peek_cqe(ring_, &cqe) == 0 && is_tag(cqe->user_data)) {
+    release_locked(cqe->user_data);
     io_uring_cqe_seen(ring_, cqe);
   }
   // ...and learn from those behind a completion that is not ours, without consuming them: the
@@ -258,21 +258,21 @@ void IouringContext::ReapLocked() {
   // mrc_iouring_ctx_complete later; the generation check makes that a no-op.
   unsigned head = 0;
   io_uring_for_each_cqe(ring_, head, cqe) {
-    if (IsTag(cqe->user_data)) ReleaseLocked(cqe->user_data);
+    if (is_tag(cqe->user_data)) release_locked(cqe->user_data);
   }
 }
 
-mrc_status_t IouringContext::Reg(void *addr, std::size_t len, unsigned, void **handle,
+mrc_status_t IouringContext::reg(void *addr, std::size_t len, unsigned, void **handle,
                                  std::uint64_t *key) noexcept {
   if (len > kMaxBufferLen)
-    return Fail(MRC_ERR_UNSUPPORTED, kName,
+    return fail(MRC_ERR_UNSUPPORTED, kName,
                 "%zu bytes exceed the kernel's limit of 1 GiB for one fixed buffer", len);
   IouringSlot *slot = nullptr;
   {
     std::lock_guard lock(mu_);
-    if (free_count_ == 0) ReapLocked();
+    if (free_count_ == 0) reap_locked();
     if (free_count_ == 0) {
-      return Fail(MRC_ERR_NO_MEMORY, kName,
+      return fail(MRC_ERR_NO_MEMORY, kName,
                   "buffer table full (%u slots: %u in use, %u awaiting release by in-flight I/O%s)",
                   slot_count_, installed_, awaiting_,
                   (flags_ & MRC_IOURING_APP_REAPS) != 0 && awaiting_ != 0
@@ -288,7 +288,7 @@ mrc_status_t IouringContext::Reg(void *addr, std::size_t len, unsigned, void **h
   slot->addr = addr;
   slot->len = len;
   iovec range{addr, len};
-  __u64 tag = MakeTag(slot->index, slot->generation);
+  __u64 tag = make_tag(slot->index, slot->generation);
   int ret = 0;
   do {
     ret = io_uring_register_buffers_update_tag(ring_, slot->index, &range, &tag, 1);
@@ -301,19 +301,19 @@ mrc_status_t IouringContext::Reg(void *addr, std::size_t len, unsigned, void **h
     const int err = ret < 0 ? -ret : EIO;
     if (err == ENOMEM || err == EAGAIN) {
       char memlock[32];
-      DescribeMemlock(memlock, sizeof memlock);
-      return Fail(MRC_ERR_NO_MEMORY, kName,
+      describe_memlock(memlock, sizeof memlock);
+      return fail(MRC_ERR_NO_MEMORY, kName,
                   "cannot pin %zu bytes at %p: %s (RLIMIT_MEMLOCK %s; raise it or grant "
                   "CAP_IPC_LOCK)",
                   len, addr, strerrordesc_np(err), memlock);
     }
     if (err == EFAULT || err == EOVERFLOW) {
-      return Fail(MRC_ERR_INVALID, kName,
+      return fail(MRC_ERR_INVALID, kName,
                   "cannot pin [%p, +%zu): %s (not mapped, or not writable: io_uring pins for "
                   "write)",
                   addr, len, strerrordesc_np(err));
     }
-    return Fail(MRC_ERR_BACKEND, kName, "io_uring_register_buffers_update_tag(slot %u): %s",
+    return fail(MRC_ERR_BACKEND, kName, "io_uring_register_buffers_update_tag(slot %u): %s",
                 slot->index, strerrordesc_np(err));
   }
   slot->state = SlotState::kInstalled;
@@ -323,7 +323,7 @@ mrc_status_t IouringContext::Reg(void *addr, std::size_t len, unsigned, void **h
   return MRC_OK;
 }
 
-void IouringContext::Dereg(void *handle) noexcept {
+void IouringContext::dereg(void *handle) noexcept {
   auto *slot = static_cast<IouringSlot *>(handle);
   MRC_CHECK(slot != nullptr && slot->ctx == this);
   {
@@ -347,61 +347,61 @@ void IouringContext::Dereg(void *handle) noexcept {
     slot->state = SlotState::kLost;
     --awaiting_;
     ++lost_;
-    Fail(MRC_ERR_BACKEND, kName, "cannot empty slot %u: %s (its buffer stays pinned)", slot->index,
+    fail(MRC_ERR_BACKEND, kName, "cannot empty slot %u: %s (its buffer stays pinned)", slot->index,
          strerrordesc_np(ret < 0 ? -ret : EIO));
   }
 }
 
-int IouringContext::Describe(void *handle, char *buf, std::size_t len) noexcept {
+int IouringContext::describe(void *handle, char *buf, std::size_t len) noexcept {
   const auto *slot = static_cast<const IouringSlot *>(handle);
   return std::snprintf(buf, len, "iouring: slot %u [%p, +%zu) ring fd %d", slot->index, slot->addr,
                        slot->len, ring_->ring_fd);
 }
 
-int IouringContext::Complete(std::uint64_t user_data) noexcept {
-  if (!IsTag(user_data)) return 0;
+int IouringContext::complete(std::uint64_t user_data) noexcept {
+  if (!is_tag(user_data)) return 0;
   std::lock_guard lock(mu_);
-  ReleaseLocked(user_data);
+  release_locked(user_data);
   return 1;
 }
 
-void IouringContext::Slots(unsigned *installed, unsigned *awaiting, unsigned *free_slots) noexcept {
+void IouringContext::slots(unsigned *installed, unsigned *awaiting, unsigned *free_slots) noexcept {
   std::lock_guard lock(mu_);
   if (installed != nullptr) *installed = installed_;
   if (awaiting != nullptr) *awaiting = awaiting_;
   if (free_slots != nullptr) *free_slots = free_count_;
 }
 
-mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, const void *buf,
+mrc_status_t IouringContext::transfer(bool write, void *handle, int fd, const void *buf,
                                       std::size_t len, std::uint64_t offset,
                                       std::size_t *done) noexcept {
   const char *op = write ? "WRITE_FIXED" : "READ_FIXED";
   if (handle == nullptr || done == nullptr || buf == nullptr)
-    return Fail(MRC_ERR_INVALID, kName, "%s without a handle, buffer or output", op);
+    return fail(MRC_ERR_INVALID, kName, "%s without a handle, buffer or output", op);
   if (!owns_ring_ || (flags_ & MRC_IOURING_APP_REAPS) != 0)
-    return Fail(MRC_ERR_INVALID, kName,
+    return fail(MRC_ERR_INVALID, kName,
                 "%s helper needs a ring the context owns and reaps (the application's ring: "
                 "submit the request yourself)",
                 op);
-  if (len > UINT_MAX) return Fail(MRC_ERR_INVALID, kName, "%s of %zu bytes is too long", op, len);
+  if (len > UINT_MAX) return fail(MRC_ERR_INVALID, kName, "%s of %zu bytes is too long", op, len);
   auto *slot = static_cast<IouringSlot *>(handle);
   MRC_CHECK(slot->ctx == this);
 
   std::lock_guard lock(mu_);
   if (slot->state != SlotState::kInstalled)
-    return Fail(MRC_ERR_INVALID, kName, "%s through slot %u, which holds no registration", op,
+    return fail(MRC_ERR_INVALID, kName, "%s through slot %u, which holds no registration", op,
                 slot->index);
   const auto start = reinterpret_cast<std::uintptr_t>(slot->addr);
   const auto first = reinterpret_cast<std::uintptr_t>(buf);
   if (first < start || first - start > slot->len || len > slot->len - (first - start))
-    return Fail(MRC_ERR_INVALID, kName, "%s of [%p, +%zu) is outside slot %u [%p, +%zu)", op, buf,
+    return fail(MRC_ERR_INVALID, kName, "%s of [%p, +%zu) is outside slot %u [%p, +%zu)", op, buf,
                 len, slot->index, slot->addr, slot->len);
 
   io_uring_sqe *sqe = io_uring_get_sqe(ring_);
   if (sqe == nullptr) {  // only the helpers submit on this ring, one at a time
     (void)io_uring_submit(ring_);
     sqe = io_uring_get_sqe(ring_);
-    if (sqe == nullptr) return Fail(MRC_ERR_BUSY, kName, "%s: submission queue full", op);
+    if (sqe == nullptr) return fail(MRC_ERR_BUSY, kName, "%s: submission queue full", op);
   }
   // What io_uring_prep_{write,read}_fixed do, with one const-correct path for both.
   io_uring_prep_rw(write ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED, sqe, fd, buf,
@@ -410,22 +410,22 @@ mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, const vo
   const std::uint64_t user_data = kIoMagic | (++io_sequence_ & ~kMagicMask);
   sqe->user_data = user_data;
   int ret = io_uring_submit(ring_);
-  if (ret < 0) return Fail(MRC_ERR_IO, kName, "%s: io_uring_submit: %s", op, strerrordesc_np(-ret));
+  if (ret < 0) return fail(MRC_ERR_IO, kName, "%s: io_uring_submit: %s", op, strerrordesc_np(-ret));
 
   for (;;) {
     io_uring_cqe *cqe = nullptr;
     ret = io_uring_wait_cqe(ring_, &cqe);
     if (ret == -EINTR) continue;
     if (ret < 0)
-      return Fail(MRC_ERR_IO, kName, "%s: io_uring_wait_cqe: %s", op, strerrordesc_np(-ret));
+      return fail(MRC_ERR_IO, kName, "%s: io_uring_wait_cqe: %s", op, strerrordesc_np(-ret));
     const std::uint64_t seen = cqe->user_data;
-    if (IsTag(seen)) {
-      ReleaseLocked(seen);
+    if (is_tag(seen)) {
+      release_locked(seen);
       io_uring_cqe_seen(ring_, cqe);
       continue;
     }
     if ((seen & kMagicMask) != kIoMagic) {
-      return Fail(MRC_ERR_BUSY, kName,
+      return fail(MRC_ERR_BUSY, kName,
                   "%s: the ring holds a completion that is not the context's (user_data 0x%llx):"
                   " someone else submits on it",
                   op, static_cast<unsigned long long>(seen));
@@ -434,7 +434,7 @@ mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, const vo
     io_uring_cqe_seen(ring_, cqe);
     if (seen != user_data) continue;  // a request of an earlier helper call that gave up
     if (res < 0)
-      return Fail(MRC_ERR_IO, kName, "%s of %zu bytes, fd %d, slot %u: %s", op, len, fd,
+      return fail(MRC_ERR_IO, kName, "%s of %zu bytes, fd %d, slot %u: %s", op, len, fd,
                   slot->index, strerrordesc_np(-res));
     *done = static_cast<std::size_t>(res);
     return MRC_OK;
@@ -442,7 +442,7 @@ mrc_status_t IouringContext::Transfer(bool write, void *handle, int fd, const vo
 }
 
 namespace {
-constexpr mrc_backend_t kIouringOps = OpsFor<IouringContext>();
+constexpr mrc_backend_t kIouringOps = ops_for<IouringContext>();
 }  // namespace
 
 }  // namespace mrc::backends
@@ -458,12 +458,12 @@ MRC_API void mrc_iouring_params_init(mrc_iouring_params_t *params) {
 
 MRC_API mrc_status_t mrc_iouring_ctx_create(const mrc_iouring_params_t *params,
                                             mrc_iouring_ctx_t **out) {
-  using mrc::backends::Fail;
-  if (out == nullptr) return Fail(MRC_ERR_INVALID, "iouring", "ctx_create without an output");
+  using mrc::backends::fail;
+  if (out == nullptr) return fail(MRC_ERR_INVALID, "iouring", "ctx_create without an output");
   mrc_iouring_params_t p;
   mrc_iouring_params_init(&p);
   if (params != nullptr) p = *params;
-  return mrc::backends::IouringContext::Create(p, out);
+  return mrc::backends::IouringContext::create(p, out);
 }
 
 MRC_API void mrc_iouring_ctx_destroy(mrc_iouring_ctx_t *ctx) { delete ctx; }
@@ -473,27 +473,27 @@ MRC_API struct io_uring *mrc_iouring_ctx_ring(mrc_iouring_ctx_t *ctx) {
 }
 
 MRC_API int mrc_iouring_ctx_complete(mrc_iouring_ctx_t *ctx, uint64_t user_data) {
-  return ctx != nullptr ? ctx->Complete(user_data) : 0;
+  return ctx != nullptr ? ctx->complete(user_data) : 0;
 }
 
 MRC_API void mrc_iouring_ctx_slots(mrc_iouring_ctx_t *ctx, unsigned *installed,
                                    unsigned *awaiting_release, unsigned *free_slots) {
   if (ctx == nullptr) return;
-  ctx->Slots(installed, awaiting_release, free_slots);
+  ctx->slots(installed, awaiting_release, free_slots);
 }
 
 MRC_API mrc_status_t mrc_iouring_ctx_write_fixed(mrc_iouring_ctx_t *ctx, void *handle, int fd,
                                                  const void *buf, size_t len, uint64_t offset,
                                                  size_t *done) {
-  if (ctx == nullptr) return mrc::backends::Fail(MRC_ERR_INVALID, "iouring", "no context");
-  return ctx->Transfer(true, handle, fd, buf, len, offset, done);
+  if (ctx == nullptr) return mrc::backends::fail(MRC_ERR_INVALID, "iouring", "no context");
+  return ctx->transfer(true, handle, fd, buf, len, offset, done);
 }
 
 MRC_API mrc_status_t mrc_iouring_ctx_read_fixed(mrc_iouring_ctx_t *ctx, void *handle, int fd,
                                                 void *buf, size_t len, uint64_t offset,
                                                 size_t *done) {
-  if (ctx == nullptr) return mrc::backends::Fail(MRC_ERR_INVALID, "iouring", "no context");
-  return ctx->Transfer(false, handle, fd, buf, len, offset, done);
+  if (ctx == nullptr) return mrc::backends::fail(MRC_ERR_INVALID, "iouring", "no context");
+  return ctx->transfer(false, handle, fd, buf, len, offset, done);
 }
 
 MRC_API unsigned mrc_iouring_handle_slot(void *handle) {

@@ -27,7 +27,7 @@ namespace {
 std::atomic<std::uint64_t> g_next_serial{1};
 
 // splitmix64's finaliser: a bijective mix, so distinct attempt numbers give unrelated draws.
-constexpr std::uint64_t Mix(std::uint64_t x) {
+constexpr std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -44,21 +44,21 @@ class NullContext {
   explicit NullContext(const mrc_null_params_t &p)
       : fail_rate_(p.fail_rate), fail_every_(p.fail_every), seed_(p.seed) {}
 
-  static NullContext *Resolve(void *opaque) noexcept;
+  static NullContext *resolve(void *opaque) noexcept;
 
-  mrc_status_t Reg(void *, std::size_t, unsigned, void **handle, std::uint64_t *key) noexcept {
+  mrc_status_t reg(void *, std::size_t, unsigned, void **handle, std::uint64_t *key) noexcept {
     const std::uint64_t attempt = attempts_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (fail_every_ != 0 && attempt % fail_every_ == 0) {
       failures_.fetch_add(1, std::memory_order_relaxed);
-      return Fail(MRC_ERR_BACKEND, kName, "injected failure (every %lu registrations)",
+      return fail(MRC_ERR_BACKEND, kName, "injected failure (every %lu registrations)",
                   fail_every_);
     }
     if (fail_rate_ > 0.0) {
       // 53 random bits as a double in [0, 1).
-      const double draw = static_cast<double>(Mix(seed_ ^ Mix(attempt)) >> 11) * 0x1.0p-53;
+      const double draw = static_cast<double>(mix(seed_ ^ mix(attempt)) >> 11) * 0x1.0p-53;
       if (draw < fail_rate_) {
         failures_.fetch_add(1, std::memory_order_relaxed);
-        return Fail(MRC_ERR_BACKEND, kName, "injected failure (rate %g, seed %lu)", fail_rate_,
+        return fail(MRC_ERR_BACKEND, kName, "injected failure (rate %g, seed %lu)", fail_rate_,
                     seed_);
       }
     }
@@ -69,14 +69,14 @@ class NullContext {
     return MRC_OK;
   }
 
-  void Dereg(void *) noexcept { deregistrations_.fetch_add(1, std::memory_order_relaxed); }
+  void dereg(void *) noexcept { deregistrations_.fetch_add(1, std::memory_order_relaxed); }
 
-  static int Describe(void *handle, char *buf, std::size_t len) noexcept {
+  static int describe(void *handle, char *buf, std::size_t len) noexcept {
     return std::snprintf(buf, len, "null: serial %" PRIuPTR,
                          reinterpret_cast<std::uintptr_t>(handle));
   }
 
-  void Counters(std::uint64_t *regs, std::uint64_t *deregs, std::uint64_t *failures) const {
+  void counters(std::uint64_t *regs, std::uint64_t *deregs, std::uint64_t *failures) const {
     if (regs != nullptr) *regs = registrations_.load(std::memory_order_relaxed);
     if (deregs != nullptr) *deregs = deregistrations_.load(std::memory_order_relaxed);
     if (failures != nullptr) *failures = failures_.load(std::memory_order_relaxed);
@@ -105,10 +105,10 @@ namespace {
 // backend_ctx NULL: count into a context nobody reads, never fail. Constant-initialised and
 // trivially destructible in effect, so it is usable from static constructors and destructors.
 constinit NullContext g_default_context;
-constexpr mrc_backend_t kNullOps = OpsFor<NullContext>();
+constexpr mrc_backend_t kNullOps = ops_for<NullContext>();
 }  // namespace
 
-NullContext *NullContext::Resolve(void *opaque) noexcept {
+NullContext *NullContext::resolve(void *opaque) noexcept {
   return opaque != nullptr ? static_cast<NullContext *>(static_cast<mrc_null_ctx *>(opaque))
                            : &g_default_context;
 }
@@ -120,7 +120,7 @@ namespace {
 // A whole-string unsigned or double from the environment; false if unset or malformed.
 // getenv: the environment is read at parameter set-up, like every MRC_* variable; callers do not
 // change it concurrently.
-bool EnvUnsigned(const char *name, unsigned long *out) {
+bool env_unsigned(const char *name, unsigned long *out) {
   const char *text = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
   if (text == nullptr || *text == '\0' || *text == '-') return false;
   char *end = nullptr;
@@ -131,7 +131,7 @@ bool EnvUnsigned(const char *name, unsigned long *out) {
   return true;
 }
 
-bool EnvDouble(const char *name, double *out) {
+bool env_double(const char *name, double *out) {
   const char *text = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
   if (text == nullptr || *text == '\0') return false;
   char *end = nullptr;
@@ -151,14 +151,14 @@ MRC_API const mrc_backend_t *mrc_backend_null(void) { return &mrc::backends::kNu
 MRC_API void mrc_null_params_init(mrc_null_params_t *params) {
   if (params == nullptr) return;
   *params = mrc_null_params_t{.fail_rate = 0.0, .fail_every = 0, .seed = 0};
-  EnvDouble("MRC_NULL_FAIL_RATE", &params->fail_rate);
-  EnvUnsigned("MRC_NULL_FAIL_EVERY", &params->fail_every);
-  EnvUnsigned("MRC_NULL_FAIL_SEED", &params->seed);
+  env_double("MRC_NULL_FAIL_RATE", &params->fail_rate);
+  env_unsigned("MRC_NULL_FAIL_EVERY", &params->fail_every);
+  env_unsigned("MRC_NULL_FAIL_SEED", &params->seed);
 }
 
 MRC_API mrc_status_t mrc_null_ctx_create(const mrc_null_params_t *params, mrc_null_ctx_t **out) {
-  using mrc::backends::Fail;
-  if (out == nullptr) return Fail(MRC_ERR_INVALID, "null", "ctx_create without an output");
+  using mrc::backends::fail;
+  if (out == nullptr) return fail(MRC_ERR_INVALID, "null", "ctx_create without an output");
   mrc_null_params_t p;
   if (params != nullptr) {
     p = *params;
@@ -166,9 +166,9 @@ MRC_API mrc_status_t mrc_null_ctx_create(const mrc_null_params_t *params, mrc_nu
     mrc_null_params_init(&p);
   }
   if (!(p.fail_rate >= 0.0 && p.fail_rate <= 1.0))
-    return Fail(MRC_ERR_INVALID, "null", "fail_rate %g is outside [0, 1]", p.fail_rate);
+    return fail(MRC_ERR_INVALID, "null", "fail_rate %g is outside [0, 1]", p.fail_rate);
   auto *ctx = new (std::nothrow) mrc_null_ctx(p);
-  if (ctx == nullptr) return Fail(MRC_ERR_NO_MEMORY, "null", "cannot allocate a context");
+  if (ctx == nullptr) return fail(MRC_ERR_NO_MEMORY, "null", "cannot allocate a context");
   *out = ctx;
   return MRC_OK;
 }
@@ -183,7 +183,7 @@ MRC_API void mrc_null_ctx_counters(const mrc_null_ctx_t *ctx, uint64_t *registra
     if (failures != nullptr) *failures = 0;
     return;
   }
-  ctx->Counters(registrations, deregistrations, failures);
+  ctx->counters(registrations, deregistrations, failures);
 }
 
 }  // extern "C"

@@ -32,7 +32,7 @@ constexpr unsigned kNeedsLocalWrite = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOT
 constexpr std::uint32_t kRcOdpNeeded =
     IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_WRITE;
 
-const char *DeviceName(const ibv_pd *pd) {
+const char *device_name(const ibv_pd *pd) {
   return pd != nullptr && pd->context != nullptr && pd->context->device != nullptr
              ? ibv_get_device_name(pd->context->device)
              : "?";
@@ -44,11 +44,11 @@ class VerbsContext {
  public:
   static constexpr const char *kName = "verbs";
 
-  static VerbsContext *Resolve(void *opaque) noexcept;
-  [[nodiscard]] static mrc_status_t Create(const mrc_verbs_params_t &params,
+  static VerbsContext *resolve(void *opaque) noexcept;
+  [[nodiscard]] static mrc_status_t create(const mrc_verbs_params_t &params,
                                            mrc_verbs_ctx **out) noexcept;
 
-  mrc_status_t Reg(void *addr, std::size_t len, unsigned prot, void **handle,
+  mrc_status_t reg(void *addr, std::size_t len, unsigned prot, void **handle,
                    std::uint64_t *key) noexcept {
     unsigned access = access_;
     if ((prot & MRC_PROT_WRITE) != 0 || (access & kNeedsLocalWrite) != 0)
@@ -68,21 +68,21 @@ class VerbsContext {
                           static_cast<unsigned long long>(limit.rlim_cur / 1024));
           }
         }
-        return Fail(MRC_ERR_NO_MEMORY, kName,
+        return fail(MRC_ERR_NO_MEMORY, kName,
                     "ibv_reg_mr(%zu bytes) on %s: %s (check RLIMIT_MEMLOCK, now %s)", len,
-                    DeviceName(pd_), strerrordesc_np(err), memlock);
+                    device_name(pd_), strerrordesc_np(err), memlock);
       }
       const mrc_status_t status =
           err == EFAULT || err == EACCES || err == EINVAL ? MRC_ERR_INVALID : MRC_ERR_BACKEND;
-      return Fail(status, kName, "ibv_reg_mr([%p, +%zu), access 0x%x) on %s: %s", addr, len, access,
-                  DeviceName(pd_), strerrordesc_np(err));
+      return fail(status, kName, "ibv_reg_mr([%p, +%zu), access 0x%x) on %s: %s", addr, len, access,
+                  device_name(pd_), strerrordesc_np(err));
     }
     *handle = mr;
     *key = mr->lkey;
     return MRC_OK;
   }
 
-  void Dereg(void *handle) noexcept {
+  void dereg(void *handle) noexcept {
     auto *mr = static_cast<ibv_mr *>(handle);
     MRC_CHECK(mr != nullptr);
     const int err = ibv_dereg_mr(mr);
@@ -90,14 +90,14 @@ class VerbsContext {
       // EBUSY: a memory window is still bound. The region stays registered; nothing else can be
       // done from a void operation but to say so.
       dereg_failures_.fetch_add(1, std::memory_order_relaxed);
-      Fail(MRC_ERR_BACKEND, kName, "ibv_dereg_mr(lkey 0x%x): %s", mr->lkey, strerrordesc_np(err));
+      fail(MRC_ERR_BACKEND, kName, "ibv_dereg_mr(lkey 0x%x): %s", mr->lkey, strerrordesc_np(err));
     }
   }
 
-  int Describe(void *handle, char *buf, std::size_t len) const noexcept {
+  int describe(void *handle, char *buf, std::size_t len) const noexcept {
     const auto *mr = static_cast<const ibv_mr *>(handle);
     return std::snprintf(buf, len, "verbs: lkey 0x%x rkey 0x%x device %s [%p, +%zu)%s", mr->lkey,
-                         mr->rkey, DeviceName(mr->pd), mr->addr, mr->length, odp_ ? " odp" : "");
+                         mr->rkey, device_name(mr->pd), mr->addr, mr->length, odp_ ? " odp" : "");
   }
 
  protected:
@@ -118,14 +118,14 @@ struct mrc_verbs_ctx final : mrc::backends::VerbsContext {};
 
 namespace mrc::backends {
 
-VerbsContext *VerbsContext::Resolve(void *opaque) noexcept {
+VerbsContext *VerbsContext::resolve(void *opaque) noexcept {
   return static_cast<VerbsContext *>(static_cast<mrc_verbs_ctx *>(opaque));
 }
 
-mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, mrc_verbs_ctx **out) noexcept {
-  if (params.pd == nullptr) return Fail(MRC_ERR_INVALID, kName, "no protection domain");
+mrc_status_t VerbsContext::create(const mrc_verbs_params_t &params, mrc_verbs_ctx **out) noexcept {
+  if (params.pd == nullptr) return fail(MRC_ERR_INVALID, kName, "no protection domain");
   if ((params.access & ~kAllowedAccess) != 0)
-    return Fail(MRC_ERR_INVALID, kName,
+    return fail(MRC_ERR_INVALID, kName,
                 "access bits 0x%x are not allowed (only remote "
                 "read/write/atomic, relaxed ordering, on-demand)",
                 params.access & ~kAllowedAccess);
@@ -134,18 +134,18 @@ mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, mrc_verbs_ct
     ibv_device_attr_ex attr{};
     const int err = ibv_query_device_ex(params.pd->context, nullptr, &attr);
     if (err != 0)
-      return Fail(MRC_ERR_UNSUPPORTED, kName, "on-demand paging: ibv_query_device_ex on %s: %s",
-                  DeviceName(params.pd), strerrordesc_np(err));
+      return fail(MRC_ERR_UNSUPPORTED, kName, "on-demand paging: ibv_query_device_ex on %s: %s",
+                  device_name(params.pd), strerrordesc_np(err));
     if ((attr.odp_caps.general_caps & IBV_ODP_SUPPORT) == 0 ||
         (attr.odp_caps.per_transport_caps.rc_odp_caps & kRcOdpNeeded) != kRcOdpNeeded)
-      return Fail(MRC_ERR_UNSUPPORTED, kName,
+      return fail(MRC_ERR_UNSUPPORTED, kName,
                   "device %s has no on-demand paging for RC (general caps 0x%llx, rc caps 0x%x)",
-                  DeviceName(params.pd),
+                  device_name(params.pd),
                   static_cast<unsigned long long>(attr.odp_caps.general_caps),
                   attr.odp_caps.per_transport_caps.rc_odp_caps);
   }
   auto *ctx = new (std::nothrow) mrc_verbs_ctx;
-  if (ctx == nullptr) return Fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a context");
+  if (ctx == nullptr) return fail(MRC_ERR_NO_MEMORY, kName, "cannot allocate a context");
   ctx->pd_ = params.pd;
   ctx->odp_ = odp;
   ctx->access_ = params.access | (odp ? static_cast<unsigned>(IBV_ACCESS_ON_DEMAND) : 0u);
@@ -154,7 +154,7 @@ mrc_status_t VerbsContext::Create(const mrc_verbs_params_t &params, mrc_verbs_ct
 }
 
 namespace {
-constexpr mrc_backend_t kVerbsOps = OpsFor<VerbsContext>();
+constexpr mrc_backend_t kVerbsOps = ops_for<VerbsContext>();
 }  // namespace
 
 }  // namespace mrc::backends
@@ -169,10 +169,10 @@ MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
 }
 
 MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *params, mrc_verbs_ctx_t **out) {
-  using mrc::backends::Fail;
+  using mrc::backends::fail;
   if (params == nullptr || out == nullptr)
-    return Fail(MRC_ERR_INVALID, "verbs", "ctx_create without parameters or output");
-  return mrc::backends::VerbsContext::Create(*params, out);
+    return fail(MRC_ERR_INVALID, "verbs", "ctx_create without parameters or output");
+  return mrc::backends::VerbsContext::create(*params, out);
 }
 
 MRC_API void mrc_verbs_ctx_destroy(mrc_verbs_ctx_t *ctx) { delete ctx; }

@@ -9,16 +9,16 @@ namespace {
 
 constexpr const char *kWhy = "this build has no verbs support (configured with MRC_WITH_VERBS=OFF)";
 
-mrc_status_t UnsupportedVerbsReg(void *, void *, std::size_t, unsigned, void **,
-                                 std::uint64_t *) noexcept {
-  return Fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", kWhy);
+mrc_status_t unsupported_verbs_reg(void *, void *, std::size_t, unsigned, void **,
+                                   std::uint64_t *) noexcept {
+  return fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", kWhy);
 }
 
 constexpr mrc_backend_t kVerbsOps = {
     .name = "verbs",
-    .reg = UnsupportedVerbsReg,
-    .dereg = NoopDereg,
-    .describe = HandleDescribe,
+    .reg = unsupported_verbs_reg,
+    .dereg = noop_dereg,
+    .describe = handle_describe,
 };
 
 }  // namespace
@@ -34,7 +34,7 @@ MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
 }
 
 MRC_API mrc_status_t mrc_verbs_ctx_create(const mrc_verbs_params_t *, mrc_verbs_ctx_t **) {
-  return mrc::backends::Fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", mrc::backends::kWhy);
+  return mrc::backends::fail(MRC_ERR_UNSUPPORTED, "verbs", "%s", mrc::backends::kWhy);
 }
 
 MRC_API void mrc_verbs_ctx_destroy(mrc_verbs_ctx_t *) {}

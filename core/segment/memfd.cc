@@ -21,6 +21,7 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
+#include "core/segment/seg_params.h"
 #include "core/segment/sys.h"
 
 namespace mrc::seg {
@@ -82,10 +83,20 @@ using mrc::seg::fail;
 
 extern "C" {
 
-mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
+// mrc_seg_params_t gained struct_size in 0.2 (seg_params.h): mrc_seg_memfd_create exists as
+// *_v2 (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in segment.cc.
+MRC_API mrc_status_t mrc_seg_memfd_create_v2(const mrc_seg_params_t *params, mrc_seg_t **out);
+MRC_API mrc_status_t mrc_seg_memfd_create_v0(const mrc::seg::SegParamsV0 *params, mrc_seg_t **out);
+__asm__(".symver mrc_seg_memfd_create_v2, mrc_seg_memfd_create@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_memfd_create_v0, mrc_seg_memfd_create@MRCACHE_0");
+
+mrc_status_t mrc_seg_memfd_create_v2(const mrc_seg_params_t *params, mrc_seg_t **out) {
   using namespace mrc::seg;
   clear_error();
-  if (p == nullptr || out == nullptr) return fail(MRC_ERR_INVALID, "params or out is NULL");
+  if (params == nullptr || out == nullptr) return fail(MRC_ERR_INVALID, "params or out is NULL");
+  mrc_seg_params_t known;
+  if (seg_params_read(params, &known) != MRC_OK) return MRC_ERR_INVALID;
+  const mrc_seg_params_t *p = &known;
   if (!valid_name(p->name)) {
     return fail(MRC_ERR_INVALID, "segment name must be 1..{} characters of [A-Za-z0-9._-]",
                 kNameMax);
@@ -174,6 +185,12 @@ mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *p, mrc_seg_t **out) {
   }
   *out = seg;
   return MRC_OK;
+}
+
+mrc_status_t mrc_seg_memfd_create_v0(const mrc::seg::SegParamsV0 *params, mrc_seg_t **out) {
+  if (params == nullptr) return mrc_seg_memfd_create_v2(nullptr, out);
+  const mrc_seg_params_t current = mrc::seg::seg_params_from_v0(*params);
+  return mrc_seg_memfd_create_v2(&current, out);
 }
 
 mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock) {

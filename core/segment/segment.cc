@@ -1,4 +1,6 @@
-// The C API of segment handles: base/size, the heap, info, close, and the last error.
+// The C API of segment handles: their parameters (mrc_seg_params_t, and its 0.1 layout: see
+// seg_params.h), base/size, the heap, info, close, and the last error (an alias of
+// mrc_last_error, base/error.h).
 //
 // SYNCHRONIZATION: a handle's mapping is immutable while the handle is open (the caller must
 // not close a handle another thread still uses). The heap takes its own robust lock (heap.h).
@@ -10,8 +12,11 @@
 
 #include <cstring>
 
+#include "base/error.h"
+#include "base/sized.h"
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
+#include "core/segment/seg_params.h"
 #include "core/segment/sys.h"
 
 using mrc::seg::fail;
@@ -25,27 +30,95 @@ bool has_heap(const mrc_seg *seg) {
 
 }  // namespace
 
+namespace mrc::seg {
+
+void seg_params_defaults(mrc_seg_params_t *params) noexcept {
+  *params = mrc_seg_params_t{};
+  params->struct_size = sizeof *params;
+  params->numa_node = -1;
+}
+
+mrc_status_t seg_params_read(const mrc_seg_params_t *caller, mrc_seg_params_t *known) noexcept {
+  // The size rule of mrcache.h: fields past the caller's struct_size keep their defaults.
+  seg_params_defaults(known);
+  if (!sized_input_copy(known, sizeof *known, caller, caller->struct_size,
+                        MRC_SEG_PARAMS_SIZE_0_2)) {
+    return fail(MRC_ERR_INVALID,
+                "struct_size {} is not a mrc_seg_params_t this library reads (set it with "
+                "mrc_seg_params_init)",
+                caller->struct_size);
+  }
+  return MRC_OK;
+}
+
+SegParamsV0 seg_params_to_v0(const mrc_seg_params_t &in) noexcept {
+  return SegParamsV0{in.name, in.size, in.flags, in.numa_node, in.backing_file};
+}
+
+mrc_seg_params_t seg_params_from_v0(const SegParamsV0 &in) noexcept {
+  mrc_seg_params_t out;
+  seg_params_defaults(&out);
+  out.name = in.name;
+  out.size = in.size;
+  out.flags = in.flags;
+  out.numa_node = in.numa_node;
+  out.backing_file = in.backing_file;
+  return out;
+}
+
+}  // namespace mrc::seg
+
 extern "C" {
 
-void mrc_seg_params_init(mrc_seg_params_t *params) {
+// mrc_seg_params_t gained struct_size in 0.2: the functions taking it exist as *_v2
+// (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in core/cache/capi.cc.
+// mrc_seg_memfd_create's pair is in memfd.cc.
+MRC_API void mrc_seg_params_init_v2(mrc_seg_params_t *params);
+MRC_API mrc_status_t mrc_seg_open_ex_v2(mrc_seg_domain_t *domain, const mrc_seg_params_t *params,
+                                        mrc_seg_t **out);
+MRC_API void mrc_seg_params_init_v0(mrc::seg::SegParamsV0 *params);
+MRC_API mrc_status_t mrc_seg_open_ex_v0(mrc_seg_domain_t *domain,
+                                        const mrc::seg::SegParamsV0 *params, mrc_seg_t **out);
+__asm__(".symver mrc_seg_params_init_v2, mrc_seg_params_init@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_open_ex_v2, mrc_seg_open_ex@@MRCACHE_0.2");
+__asm__(".symver mrc_seg_params_init_v0, mrc_seg_params_init@MRCACHE_0");
+__asm__(".symver mrc_seg_open_ex_v0, mrc_seg_open_ex@MRCACHE_0");
+
+void mrc_seg_params_init_v2(mrc_seg_params_t *params) {
   if (params == nullptr) return;
-  *params = mrc_seg_params_t{};
-  params->numa_node = -1;
+  mrc::seg::seg_params_defaults(params);
+}
+
+void mrc_seg_params_init_v0(mrc::seg::SegParamsV0 *params) {
+  if (params == nullptr) return;
+  mrc_seg_params_t current;
+  mrc::seg::seg_params_defaults(&current);
+  *params = mrc::seg::seg_params_to_v0(current);
 }
 
 mrc_status_t mrc_seg_open(mrc_seg_domain_t *domain, const char *name, size_t size, unsigned flags,
                           mrc_seg_t **out) {
   mrc_seg_params_t params;
-  mrc_seg_params_init(&params);
+  mrc::seg::seg_params_defaults(&params);
   params.name = name;
   params.size = size;
   params.flags = flags;
   return mrc::seg::segment_open(domain, &params, out);
 }
 
-mrc_status_t mrc_seg_open_ex(mrc_seg_domain_t *domain, const mrc_seg_params_t *params,
-                             mrc_seg_t **out) {
-  return mrc::seg::segment_open(domain, params, out);
+mrc_status_t mrc_seg_open_ex_v2(mrc_seg_domain_t *domain, const mrc_seg_params_t *params,
+                                mrc_seg_t **out) {
+  if (params == nullptr) return mrc::seg::segment_open(domain, nullptr, out);
+  mrc_seg_params_t known;
+  if (mrc::seg::seg_params_read(params, &known) != MRC_OK) return MRC_ERR_INVALID;
+  return mrc::seg::segment_open(domain, &known, out);
+}
+
+mrc_status_t mrc_seg_open_ex_v0(mrc_seg_domain_t *domain, const mrc::seg::SegParamsV0 *params,
+                                mrc_seg_t **out) {
+  if (params == nullptr) return mrc_seg_open_ex_v2(domain, nullptr, out);
+  const mrc_seg_params_t current = mrc::seg::seg_params_from_v0(*params);
+  return mrc_seg_open_ex_v2(domain, &current, out);
 }
 
 void *mrc_seg_base(const mrc_seg_t *seg) {
@@ -132,6 +205,7 @@ mrc_status_t mrc_seg_close(mrc_seg_t *seg) {
   return st;
 }
 
-const char *mrc_seg_last_error(void) { return mrc::seg::last_error(); }
+// An alias of mrc_last_error() (base/error.cc).
+const char *mrc_seg_last_error(void) { return mrc::last_error(); }
 
 }  // extern "C"

@@ -1,5 +1,5 @@
 // System helpers of the segment code. SYNCHRONIZATION: see sys.h (no shared state here; the
-// last error is thread-local).
+// last error is thread-local, in base/error.h).
 #include "core/segment/sys.h"
 
 #include <fcntl.h>
@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -17,16 +16,6 @@
 #include "core/segment/layout.h"
 
 namespace mrc::seg {
-
-namespace {
-thread_local char t_last_error[512];
-}  // namespace
-
-void set_error_text(const char *text) noexcept {
-  std::snprintf(t_last_error, sizeof t_last_error, "%s", text);
-}
-void clear_error() noexcept { t_last_error[0] = '\0'; }
-const char *last_error() noexcept { return t_last_error; }
 
 const char *errno_text(int error) noexcept {
   const char *text = strerrordesc_np(error);  // static strings: no buffer shared between threads

@@ -1,8 +1,10 @@
-// System helpers of the segment code: the calling thread's last error, name checks, clocks, file
-// checks; the locks come from base/locks.h.
+// System helpers of the segment code: the calling thread's last error (formatted with fmt,
+// stored in base/error.h's buffer), name checks, clocks, file checks; the locks come from
+// base/locks.h.
 //
-// SYNCHRONIZATION: the last error is thread-local. The mutex helpers are thin wrappers; the
-// locks they take are described where they live (layout.h). Nothing here keeps shared state.
+// SYNCHRONIZATION: the last error is thread-local (base/error.h). The mutex helpers are thin
+// wrappers; the locks they take are described where they live (layout.h). Nothing here keeps
+// shared state.
 #pragma once
 
 #include <fmt/format.h>
@@ -12,19 +14,19 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/error.h"
 #include "base/locks.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::seg {
 
-// ---- the last error of this thread ---------------------------------------------------------
-void set_error_text(const char *text) noexcept;
-void clear_error() noexcept;
-const char *last_error() noexcept;
+// ---- the last error of this thread (base/error.h: mrc_last_error, mrc_seg_last_error) -------
+inline void set_error_text(const char *text) noexcept { set_last_error("%s", text); }
+inline void clear_error() noexcept { clear_last_error(); }
 
 template <class... Args>
 void set_error(fmt::format_string<Args...> format, Args &&...args) noexcept {
-  char buf[512];
+  char buf[kLastErrorSize];
   auto result = fmt::format_to_n(buf, sizeof buf - 1, format, std::forward<Args>(args)...);
   *result.out = '\0';
   set_error_text(buf);

@@ -26,11 +26,14 @@ struct ibv_mr;
 /* The cause of the last failure of a backend call on the calling thread, as
  * "<backend>: <cause>", e.g. "iouring: buffer table full (4096 slots, 3 awaiting release)".
  * Meaningful right after a backend call returned an error; success does not clear it. Never
- * NULL ("" when nothing failed on this thread). The text is the calling thread's own. */
+ * NULL ("" when nothing failed on this thread). The text is the calling thread's own.
+ * An alias of mrc_last_error() (mrcache.h): the library keeps one last error per thread, so an
+ * mrc_seg_* call made since the backend failed replaces (or clears) this text. */
 MRC_API const char *mrc_backend_last_error(void);
 
-/* For plugins: record the cause of a failure for mrc_backend_last_error() on this thread, as
- * "<backend>: <printf-formatted cause>". backend may be NULL ("plugin"). */
+/* For plugins: record the cause of a failure for mrc_last_error() (and its alias
+ * mrc_backend_last_error()) on this thread, as "<backend>: <printf-formatted cause>". backend
+ * may be NULL ("plugin"). */
 MRC_API void mrc_backend_set_error(const char *backend, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

@@ -8,8 +8,8 @@
  * running on a newer libmrcache.so.0. Symbols carry versions (MRCACHE_0 = 0.1, MRCACHE_0.2, ...):
  * a function whose arguments changed keeps its old version for old programs. Structs that
  * grow say how large the caller's copy is:
- *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t) start with
- *     `size_t struct_size`, which the *_init function sets to sizeof;
+ *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t)
+ *     start with `size_t struct_size`, which the *_init function sets to sizeof;
  *   - structs the library fills (mrc_stats_t, mrc_monitor_info_t) are passed with their size
  *     (mrc_cache_stats_sized, mrc_monitor_info_sized; mrc_cache_stats and mrc_monitor_info are
  *     inline wrappers that pass sizeof).
@@ -178,6 +178,13 @@ MRC_API int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len);
 
 MRC_API const char *mrc_status_string(mrc_status_t status);
 MRC_API const char *mrc_version(void);
+/* Why the calling thread's last failed call failed: one text for the whole library, written by
+ * the backends ("<backend>: <cause>", also a plugin's mrc_backend_set_error) and by the mrc_seg_*
+ * calls. Meaningful right after a call returned an error. Never NULL ("" when nothing failed on
+ * this thread); the text is the calling thread's own. A backend's success does not clear it; the
+ * mrc_seg_* calls that return a status clear it when they start. mrc_backend_last_error() and
+ * mrc_seg_last_error() are older names for this function (they return the same text). */
+MRC_API const char *mrc_last_error(void);
 
 /* Logging: levels as in MRC_LOG_LEVEL (error, warn, info, debug, trace). The callback runs on
  * the thread that logs (never the monitor thread); NULL restores the default (stderr). */

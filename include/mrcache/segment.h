@@ -116,6 +116,8 @@ MRC_API mrc_status_t mrc_seg_domain_remove(const mrc_seg_domain_params_t *params
 
 /* ---- segments ----------------------------------------------------------------------------- */
 typedef struct {
+  size_t struct_size;       /* sizeof(mrc_seg_params_t); set by mrc_seg_params_init (the size
+                               rule: top of mrcache.h) */
   const char *name;         /* [A-Za-z0-9._-], 1..63 characters */
   size_t size;              /* usable bytes; 0 when joining = whatever size it has */
   unsigned flags;           /* MRC_SEG_* */
@@ -123,6 +125,8 @@ typedef struct {
   const char *backing_file; /* MRC_SEG_FILE: created 0600 with O_EXCL, or opened after owner,
                                mode and size checks; may be on hugetlbfs */
 } mrc_seg_params_t;
+/* The smallest struct_size accepted: the first layout that carried one (0.2). */
+#define MRC_SEG_PARAMS_SIZE_0_2 (offsetof(mrc_seg_params_t, backing_file) + sizeof(const char *))
 MRC_API void mrc_seg_params_init(mrc_seg_params_t *params);
 
 /* Find or create a named segment, mapped at the same address in every process.
@@ -194,7 +198,9 @@ MRC_API mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock);
  * address with MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that range is taken here. */
 MRC_API mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out);
 
-/* Why the calling thread's last failed mrc_seg_* call failed ("" when it did not). */
+/* Why the calling thread's last failed mrc_seg_* call failed ("" when it did not). An alias of
+ * mrc_last_error() (mrcache.h): the mrc_seg_* calls that return a status clear that text when
+ * they start, and every mrc_seg_* call sets it when it fails. */
 MRC_API const char *mrc_seg_last_error(void);
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 /* A program built against the 0.1 headers (tests/abi/v0.1, never edited) and linked against the
  * 0.1 symbol versions, run on today's libmrcache.so.0: the 0.1 layouts of mrc_cache_params_t,
- * mrc_stats_t and mrc_monitor_info_t must keep meaning what they meant. Each struct sits before
+ * mrc_stats_t, mrc_monitor_info_t, mrc_seg_domain_params_t and mrc_seg_params_t must keep
+ * meaning what they meant. Each struct sits before
  * a canary, because a library that writes its own (larger) layout into a 0.1 caller's struct
  * corrupts the caller's next variable without crashing. Returns 0 when every check holds. */
 #include <stdio.h>
@@ -150,7 +151,17 @@ int main(void) {
          m.info.mode_name ? m.info.mode_name : "(null)", (int)m.info.mode, m.info.running,
          (unsigned long long)m.info.events);
 
-  /* Shared segments: mrc_seg_domain_params_t of 0.1 has no struct_size. */
+  /* Shared segments: mrc_seg_domain_params_t and mrc_seg_params_t of 0.1 have no struct_size. */
+  struct {
+    mrc_seg_params_t params;
+    unsigned char canary[64];
+  } sp;
+  memset(&sp, CANARY, sizeof sp);
+  mrc_seg_params_init(&sp.params);
+  CHECK(canary_intact(sp.canary, sizeof sp.canary));
+  CHECK(sp.params.name == NULL && sp.params.size == 0 && sp.params.flags == 0 &&
+        sp.params.numa_node == -1 && sp.params.backing_file == NULL);
+
   struct {
     mrc_seg_domain_params_t params;
     unsigned char canary[64];
@@ -179,12 +190,40 @@ int main(void) {
       mrc_seg_free(seg, block);
       CHECK(mrc_seg_close(seg) == MRC_OK);
     }
+    /* The size and flags of mrc_seg_open_ex arrive where 0.1 put them. */
+    sp.params.name = "abi-ex";
+    sp.params.size = 2u << 20;
+    sp.params.flags = MRC_SEG_HEAP;
+    mrc_seg_t *ex = NULL;
+    CHECK(mrc_seg_open_ex(domain, &sp.params, &ex) == MRC_OK);
+    if (ex != NULL) {
+      mrc_seg_info_t sinfo;
+      CHECK(mrc_seg_info(ex, &sinfo) == MRC_OK);
+      CHECK(sinfo.size == 2u << 20 && sinfo.flags == MRC_SEG_HEAP && sinfo.numa_node == -1);
+      CHECK(mrc_seg_alloc(ex, 4096, 0) != NULL);
+      CHECK(mrc_seg_close(ex) == MRC_OK);
+    }
     printf("segments: domain of %llu bytes at 0x%llx, prefix %s\n", (unsigned long long)dinfo.size,
            (unsigned long long)dinfo.base, prefix);
     CHECK(mrc_seg_domain_close(domain) == MRC_OK);
   }
   unsigned removed = 0;
   CHECK(mrc_seg_domain_remove(&d.params, &removed) == MRC_OK);
+
+  /* A memfd segment from the 0.1 layout. */
+  sp.params.name = "abi-memfd";
+  sp.params.size = 1u << 20;
+  sp.params.flags = MRC_SEG_HEAP;
+  mrc_seg_t *memfd = NULL;
+  CHECK(mrc_seg_memfd_create(&sp.params, &memfd) == MRC_OK);
+  if (memfd != NULL) {
+    mrc_seg_info_t minfo;
+    CHECK(mrc_seg_info(memfd, &minfo) == MRC_OK);
+    CHECK(minfo.size == 1u << 20 && minfo.flags == MRC_SEG_HEAP && minfo.numa_node == -1);
+    CHECK(mrc_seg_alloc(memfd, 4096, 0) != NULL);
+    CHECK(mrc_seg_close(memfd) == MRC_OK);
+  }
+  CHECK(canary_intact(sp.canary, sizeof sp.canary));
 
   mrc_cache_destroy(cache);
   CHECK(state.deregs == state.regs);

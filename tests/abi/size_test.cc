@@ -1,6 +1,6 @@
 // The size rule of the growing structs (include/mrcache/mrcache.h, top), for each kind: output
 // structs filled through a size argument (mrc_stats_t, mrc_monitor_info_t) and input structs
-// that carry struct_size (mrc_cache_params_t).
+// that carry struct_size (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -187,6 +187,63 @@ TEST(AbiSize, SegDomainParamsStructSizeRule) {
   EXPECT_EQ(mrc_seg_domain_close(domain), MRC_OK);
   unsigned removed = 0;
   EXPECT_EQ(mrc_seg_domain_remove(&p.known, &removed), MRC_OK);
+}
+
+struct FutureSegParams {
+  mrc_seg_params_t known;
+  uint64_t future_field;
+};
+
+// mrc_seg_params_t: the same rule for mrc_seg_open_ex and mrc_seg_memfd_create.
+TEST(AbiSize, SegParamsStructSizeRule) {
+  FutureSegParams p;
+  std::memset(&p, 0, sizeof p);
+  mrc_seg_params_init(&p.known);
+  EXPECT_EQ(p.known.struct_size, sizeof p.known);
+  EXPECT_EQ(p.known.numa_node, -1);
+  p.known.name = "sized";
+  p.known.size = 1u << 20;
+  p.known.flags = MRC_SEG_HEAP;
+
+  mrc_seg_domain_params_t dp;
+  mrc_seg_domain_params_init(&dp);
+  const std::string prefix = "mrc-abi-seg-size-" + std::to_string(getpid());
+  dp.prefix = prefix.c_str();
+  dp.size = 1ull << 30;
+  mrc_seg_domain_t *domain = nullptr;
+  ASSERT_EQ(mrc_seg_domain_open(&dp, &domain), MRC_OK) << mrc_last_error();
+
+  for (int memfd = 0; memfd <= 1; ++memfd) {
+    SCOPED_TRACE(memfd != 0 ? "mrc_seg_memfd_create" : "mrc_seg_open_ex");
+    auto open = [&](mrc_seg_t **seg) {
+      return memfd != 0 ? mrc_seg_memfd_create(&p.known, seg)
+                        : mrc_seg_open_ex(domain, &p.known, seg);
+    };
+    mrc_seg_t *seg = nullptr;
+    p.known.struct_size = 0;
+    EXPECT_EQ(open(&seg), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(mrc_last_error()).find("struct_size"), std::string::npos)
+        << mrc_last_error();
+    p.known.struct_size = MRC_SEG_PARAMS_SIZE_0_2 - 1;
+    EXPECT_EQ(open(&seg), MRC_ERR_INVALID);
+    p.known.struct_size = sizeof p;
+    p.future_field = 1;  // asks for something this library cannot do
+    EXPECT_EQ(open(&seg), MRC_ERR_INVALID);
+    EXPECT_EQ(seg, nullptr);
+
+    p.future_field = 0;  // a larger struct with a zero tail is accepted
+    ASSERT_EQ(open(&seg), MRC_OK) << mrc_last_error();
+    mrc_seg_info_t info;
+    ASSERT_EQ(mrc_seg_info(seg, &info), MRC_OK);
+    EXPECT_EQ(info.size, 1u << 20);
+    EXPECT_EQ(info.flags, static_cast<unsigned>(MRC_SEG_HEAP));
+    EXPECT_NE(mrc_seg_alloc(seg, 4096, 0), nullptr);
+    EXPECT_EQ(mrc_seg_close(seg), MRC_OK);
+    p.known.struct_size = sizeof p.known;
+  }
+  EXPECT_EQ(mrc_seg_domain_close(domain), MRC_OK);
+  unsigned removed = 0;
+  EXPECT_EQ(mrc_seg_domain_remove(&dp, &removed), MRC_OK);
 }
 
 }  // namespace
