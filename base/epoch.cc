@@ -211,7 +211,7 @@ using detail::RetiredList;
 
 EpochDomain::EpochDomain(EpochBarrier barrier) noexcept
     : id_(detail::EpochRegistry::next_id.fetch_add(1, std::memory_order_relaxed)),
-      force_fences_(barrier == EpochBarrier::kFences) {
+      force_fences_(barrier == EpochBarrier::Fences) {
   detail::EpochRegistry::add(this);
 }
 

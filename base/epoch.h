@@ -76,8 +76,8 @@ class EpochGuard;
 
 // How a domain's readers and reclaimers order the reader's slot store against its loads.
 enum class EpochBarrier {
-  kAuto,    // membarrier(2) when the kernel has it (and not under MRC_TSAN), else fences
-  kFences,  // seq_cst fences on both sides (tests exercise this path everywhere)
+  Auto,    // membarrier(2) when the kernel has it (and not under MRC_TSAN), else fences
+  Fences,  // seq_cst fences on both sides (tests exercise this path everywhere)
 };
 
 namespace detail {
@@ -115,7 +115,7 @@ class EpochDomain {
   // Objects per grace period, and the batch size that starts one from retire().
   static constexpr size_t kBatch = 64;
 
-  explicit EpochDomain(EpochBarrier barrier = EpochBarrier::kAuto) noexcept;
+  explicit EpochDomain(EpochBarrier barrier = EpochBarrier::Auto) noexcept;
   // REQUIRES: no thread is inside a guard of this domain. Reclaims every pending object.
   ~EpochDomain();
   EpochDomain(const EpochDomain &) = delete;

@@ -27,11 +27,11 @@ LockResult robust_lock(pthread_mutex_t *mutex, uint64_t deadline_ns) noexcept {
     rc = pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &abs);
   } while (rc == EINTR);
   switch (rc) {
-    case 0: return LockResult::kAcquired;
-    case EOWNERDEAD: return LockResult::kOwnerDied;
-    case ETIMEDOUT: return LockResult::kTimeout;
-    case ENOTRECOVERABLE: return LockResult::kUnrecoverable;
-    default: return LockResult::kError;
+    case 0: return LockResult::Acquired;
+    case EOWNERDEAD: return LockResult::OwnerDied;
+    case ETIMEDOUT: return LockResult::Timeout;
+    case ENOTRECOVERABLE: return LockResult::Unrecoverable;
+    default: return LockResult::Error;
   }
 }
 

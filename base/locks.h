@@ -16,8 +16,8 @@ namespace mrc::os {
 // Initialises a mutex nobody can be using yet (fresh memory of a file created under O_EXCL).
 [[nodiscard]] int robust_mutex_init(pthread_mutex_t *mutex) noexcept;
 
-enum class LockResult { kAcquired, kOwnerDied, kTimeout, kUnrecoverable, kError };
-// Waits until `deadline_ns` (CLOCK_MONOTONIC). kOwnerDied: the lock is ours, the previous owner
+enum class LockResult { Acquired, OwnerDied, Timeout, Unrecoverable, Error };
+// Waits until `deadline_ns` (CLOCK_MONOTONIC). OwnerDied: the lock is ours, the previous owner
 // died holding it; the caller repairs, then calls pthread_mutex_consistent.
 LockResult robust_lock(pthread_mutex_t *mutex, uint64_t deadline_ns) noexcept;
 

@@ -53,11 +53,11 @@ constexpr std::size_t kMaxBufferLen = std::size_t{1} << 30;  // the kernel's lim
 constexpr unsigned kOwnedRingEntries = 64;
 
 enum class SlotState : unsigned char {
-  kFree,             // on the free list
-  kInstalling,       // taken by a reg that is installing its buffer
-  kInstalled,        // holds a live registration
-  kAwaitingRelease,  // emptied; the kernel has not yet posted the old buffer's tag
-  kLost,             // emptying failed: the buffer stays until the table goes; never reused
+  Free,             // on the free list
+  Installing,       // taken by a reg that is installing its buffer
+  Installed,        // holds a live registration
+  AwaitingRelease,  // emptied; the kernel has not yet posted the old buffer's tag
+  Lost,             // emptying failed: the buffer stays until the table goes; never reused
 };
 
 bool is_tag(std::uint64_t user_data) { return (user_data & kMagicMask) == kTagMagic; }
@@ -91,7 +91,7 @@ namespace mrc::backends {
 struct IouringSlot {
   IouringContext *ctx = nullptr;
   unsigned index = 0;
-  SlotState state = SlotState::kFree;
+  SlotState state = SlotState::Free;
   std::uint32_t generation = 0;
   void *addr = nullptr;
   std::size_t len = 0;
@@ -239,8 +239,8 @@ void IouringContext::release_locked(std::uint64_t tag) {
   const auto generation = static_cast<std::uint32_t>(tag >> 16);
   if (index >= slot_count_) return;
   IouringSlot &slot = slots_[index];
-  if (slot.state != SlotState::kAwaitingRelease || slot.generation != generation) return;
-  slot.state = SlotState::kFree;
+  if (slot.state != SlotState::AwaitingRelease || slot.generation != generation) return;
+  slot.state = SlotState::Free;
   --awaiting_;
   free_[free_count_++] = index;
 }
@@ -280,7 +280,7 @@ mrc_status_t IouringContext::reg(void *addr, std::size_t len, unsigned, void **h
                       : "");
     }
     slot = &slots_[free_[--free_count_]];
-    slot->state = SlotState::kInstalling;
+    slot->state = SlotState::Installing;
     slot->generation += 1;
   }
 
@@ -296,7 +296,7 @@ mrc_status_t IouringContext::reg(void *addr, std::size_t len, unsigned, void **h
 
   std::lock_guard lock(mu_);
   if (ret != 1) {
-    slot->state = SlotState::kFree;
+    slot->state = SlotState::Free;
     free_[free_count_++] = slot->index;
     const int err = ret < 0 ? -ret : EIO;
     if (err == ENOMEM || err == EAGAIN) {
@@ -316,7 +316,7 @@ mrc_status_t IouringContext::reg(void *addr, std::size_t len, unsigned, void **h
     return fail(MRC_ERR_BACKEND, kName, "io_uring_register_buffers_update_tag(slot %u): %s",
                 slot->index, strerrordesc_np(err));
   }
-  slot->state = SlotState::kInstalled;
+  slot->state = SlotState::Installed;
   ++installed_;
   *handle = slot;
   *key = slot->index;
@@ -328,8 +328,8 @@ void IouringContext::dereg(void *handle) noexcept {
   MRC_CHECK(slot != nullptr && slot->ctx == this);
   {
     std::lock_guard lock(mu_);
-    MRC_CHECK(slot->state == SlotState::kInstalled);  // a handle deregistered twice
-    slot->state = SlotState::kAwaitingRelease;
+    MRC_CHECK(slot->state == SlotState::Installed);  // a handle deregistered twice
+    slot->state = SlotState::AwaitingRelease;
     --installed_;
     ++awaiting_;
   }
@@ -344,7 +344,7 @@ void IouringContext::dereg(void *handle) noexcept {
     // No release happened, so no tag can arrive for this generation: the slot keeps the
     // buffer (pinned until the table goes) and leaves circulation.
     std::lock_guard lock(mu_);
-    slot->state = SlotState::kLost;
+    slot->state = SlotState::Lost;
     --awaiting_;
     ++lost_;
     fail(MRC_ERR_BACKEND, kName, "cannot empty slot %u: %s (its buffer stays pinned)", slot->index,
@@ -388,7 +388,7 @@ mrc_status_t IouringContext::transfer(bool write, void *handle, int fd, const vo
   MRC_CHECK(slot->ctx == this);
 
   std::lock_guard lock(mu_);
-  if (slot->state != SlotState::kInstalled)
+  if (slot->state != SlotState::Installed)
     return fail(MRC_ERR_INVALID, kName, "%s through slot %u, which holds no registration", op,
                 slot->index);
   const auto start = reinterpret_cast<std::uintptr_t>(slot->addr);

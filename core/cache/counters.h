@@ -25,7 +25,7 @@ enum class Counter : unsigned {
   ReleasedBytes,        // unreleased bytes whose registration ended
   UnmapWaits,           // exact gets that found an unmap in flight and waited for the monitor
   UnmapWaitsOutlasted,  // of those, the ones that gave up waiting and registered uncached
-  kCount
+  Count
 };
 
 class ShardedCounters {
@@ -55,7 +55,7 @@ class ShardedCounters {
 
  private:
   struct alignas(64) Shard {
-    std::array<std::atomic<uint64_t>, static_cast<unsigned>(Counter::kCount)> values{};
+    std::array<std::atomic<uint64_t>, static_cast<unsigned>(Counter::Count)> values{};
   };
   std::array<Shard, kSlots> shards_{};
 };

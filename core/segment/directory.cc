@@ -163,20 +163,20 @@ mrc_status_t lock_domain(mrc_seg_domain *d, bool *repaired) noexcept {
   if (repaired != nullptr) *repaired = false;
   const uint64_t deadline = monotonic_ns() + uint64_t{d->timeout_ms} * 1000000ULL;
   switch (robust_lock(&d->root->lock, deadline)) {
-    case LockResult::kAcquired: return MRC_OK;
-    case LockResult::kOwnerDied:
+    case LockResult::Acquired: return MRC_OK;
+    case LockResult::OwnerDied:
       repair_locked(d);
       pthread_mutex_consistent(&d->root->lock);
       if (repaired != nullptr) *repaired = true;
       return MRC_OK;
-    case LockResult::kTimeout: {
+    case LockResult::Timeout: {
       const MutexState s = mutex_state(&d->root->lock);
       return fail(MRC_ERR_BUSY, "domain {}: lock held by live thread {} for {} ms", d->prefix,
                   s.owner_tid, d->timeout_ms);
     }
-    case LockResult::kUnrecoverable:
+    case LockResult::Unrecoverable:
       return fail(MRC_ERR_IO, "domain {}: lock not recoverable", d->prefix);
-    case LockResult::kError: break;
+    case LockResult::Error: break;
   }
   return fail(MRC_ERR_IO, "domain {}: lock failed", d->prefix);
 }

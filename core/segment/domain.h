@@ -45,8 +45,6 @@ struct MappedSegment {
   SegHeader *header = nullptr;  // nullptr for MRC_SEG_NODATA
   int memfd = -1;               // memfd segments only
 };
-// The former name, for memfd.cc and segment.cc until they say MappedSegment.
-using Mapping = MappedSegment;
 
 }  // namespace mrc::seg
 

@@ -123,18 +123,18 @@ mrc_status_t SharedHeap::init(HeapHeader *header, char *data, uint64_t data_size
 mrc_status_t SharedHeap::lock(bool *repaired) noexcept {
   if (repaired != nullptr) *repaired = false;
   switch (robust_lock(&header_->lock, monotonic_ns() + kLockTimeoutNs)) {
-    case LockResult::kAcquired: return MRC_OK;
-    case LockResult::kOwnerDied:
+    case LockResult::Acquired: return MRC_OK;
+    case LockResult::OwnerDied:
       repair_locked();
       pthread_mutex_consistent(&header_->lock);
       if (repaired != nullptr) *repaired = true;
       return MRC_OK;
-    case LockResult::kTimeout: {
+    case LockResult::Timeout: {
       const MutexState s = mutex_state(&header_->lock);
       return fail(MRC_ERR_BUSY, "heap lock held for 10 s by live thread {}", s.owner_tid);
     }
-    case LockResult::kUnrecoverable: return fail(MRC_ERR_IO, "heap lock is not recoverable");
-    case LockResult::kError: break;
+    case LockResult::Unrecoverable: return fail(MRC_ERR_IO, "heap lock is not recoverable");
+    case LockResult::Error: break;
   }
   return fail(MRC_ERR_IO, "heap lock failed");
 }

@@ -59,7 +59,7 @@ char *map_aligned(int fd, uint64_t len) {
   return static_cast<char *>(want);
 }
 
-mrc_seg *wrap(Mapping *m, bool created) {
+mrc_seg *wrap(MappedSegment *m, bool created) {
   auto *seg = new (std::nothrow) mrc_seg;
   if (seg == nullptr) return nullptr;
   m->refs = 1;
@@ -70,7 +70,7 @@ mrc_seg *wrap(Mapping *m, bool created) {
 
 }  // namespace
 
-void memfd_close(Mapping *m) noexcept {
+void memfd_close(MappedSegment *m) noexcept {
   if (m == nullptr) return;
   munmap(m->start, m->map_size);
   if (m->memfd >= 0) close(m->memfd);
@@ -144,7 +144,7 @@ mrc_status_t mrc_seg_memfd_create_v2(const mrc_seg_params_t *params, mrc_seg_t *
                 huge ? " of huge pages (are enough reserved? see HugePages_Free)" : "",
                 errno_text(err));
   }
-  auto *m = new (std::nothrow) Mapping;
+  auto *m = new (std::nothrow) MappedSegment;
   if (m == nullptr) {
     munmap(start, map_size);
     close(fd);
@@ -292,7 +292,7 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
                        "cannot map the segment at {} here: {}", want,
                        got == MAP_FAILED ? errno_text(err) : "address taken"));
   }
-  auto *m = new (std::nothrow) Mapping;
+  auto *m = new (std::nothrow) MappedSegment;
   if (m == nullptr) {
     munmap(want, msg.map_size);
     return reject(fail(MRC_ERR_NO_MEMORY, "out of memory"));

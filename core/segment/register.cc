@@ -31,11 +31,21 @@ bool registrable(const mrc_seg *seg) {
          seg->map->data_size != 0;
 }
 
+// Why the cache's get failed: the cause its backend recorded in this thread's last error (the
+// calls here clear it first), which the segment's own message must keep.
+const char *get_failure_cause() noexcept {
+  const char *cause = mrc_last_error();
+  return cause[0] != '\0' ? cause : "no cause recorded";
+}
+
 // The current key. REQUIRES: registration_mu held, seg registered.
 mrc_status_t current_key_locked(mrc_seg *seg, uint64_t *key) {
   mrc_region_t *now = nullptr;
   const mrc_status_t st = mrc_get(seg->cache, seg->map->data, seg->map->data_size, kProt, &now);
-  if (st != MRC_OK) return fail(st, "re-registering the segment: {}", mrc_status_string(st));
+  if (st != MRC_OK) {
+    return fail(st, "re-registering the segment: {} ({})", mrc_status_string(st),
+                get_failure_cause());
+  }
   if (now != seg->region) {
     mrc_put(seg->cache, seg->region);
     seg->region = now;
@@ -68,7 +78,8 @@ mrc_status_t mrc_seg_register(mrc_seg_t *seg, mrc_cache_t *cache, mrc_region_t *
       seg->key = mrc_region_key(own);
       seg->release_registration = release;
     } else {
-      (void)fail(st, "registering the segment: {}", mrc_status_string(st));
+      (void)fail(st, "registering the segment: {} ({})", mrc_status_string(st),
+                 get_failure_cause());
     }
   }
   if (st == MRC_OK) {

@@ -157,7 +157,7 @@ mrc_status_t mrc_seg_info(const mrc_seg_t *seg, mrc_seg_info_t *info) {
   if (seg == nullptr || seg->map == nullptr || info == nullptr) {
     return fail(MRC_ERR_INVALID, "seg or info is NULL");
   }
-  const Mapping *m = seg->map;
+  const MappedSegment *m = seg->map;
   *info = mrc_seg_info_t{};
   info->name = m->name;
   info->base = m->data;

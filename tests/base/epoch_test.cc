@@ -59,11 +59,11 @@ class EpochTest : public ::testing::TestWithParam<EpochBarrier> {
 };
 
 std::string barrier_name(const ::testing::TestParamInfo<EpochBarrier> &param_info) {
-  return param_info.param == EpochBarrier::kAuto ? "Auto" : "Fences";
+  return param_info.param == EpochBarrier::Auto ? "Auto" : "Fences";
 }
 
 INSTANTIATE_TEST_SUITE_P(Barriers, EpochTest,
-                         ::testing::Values(EpochBarrier::kAuto, EpochBarrier::kFences),
+                         ::testing::Values(EpochBarrier::Auto, EpochBarrier::Fences),
                          &barrier_name);
 
 TEST_P(EpochTest, RetireThenSynchronizeFrees) {
@@ -325,7 +325,7 @@ TEST(EpochDomainTest, ProcessDomainUsesMembarrierWhenTheKernelHasIt) {
     GTEST_SKIP() << "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) unavailable on this kernel";
   }
   EXPECT_TRUE(epoch_domain().uses_membarrier());
-  EpochDomain fences(EpochBarrier::kFences);
+  EpochDomain fences(EpochBarrier::Fences);
   { EpochGuard guard(fences); }
   EXPECT_FALSE(fences.uses_membarrier());
 #endif

@@ -273,11 +273,11 @@ class PgtableConcurrencyTest : public ::testing::TestWithParam<EpochBarrier> {
 };
 
 std::string barrier_name(const ::testing::TestParamInfo<EpochBarrier> &param_info) {
-  return param_info.param == EpochBarrier::kAuto ? "Auto" : "Fences";
+  return param_info.param == EpochBarrier::Auto ? "Auto" : "Fences";
 }
 
 INSTANTIATE_TEST_SUITE_P(Barriers, PgtableConcurrencyTest,
-                         ::testing::Values(EpochBarrier::kAuto, EpochBarrier::kFences),
+                         ::testing::Values(EpochBarrier::Auto, EpochBarrier::Fences),
                          &barrier_name);
 
 TEST_P(PgtableConcurrencyTest, ReadersNeverSeeRemovedOrReclaimedRegions) {

@@ -136,4 +136,31 @@ TEST_F(SegRegister, MemfdSegmentsRegisterToo) {
   EXPECT_EQ(mrc_seg_close(s), MRC_OK);
 }
 
+// A plugin that refuses every registration and says why.
+mrc_status_t refuse_with_cause(void *, void *, size_t, unsigned, void **, uint64_t *) {
+  mrc_backend_set_error("refusing", "the device has no room left (test)");
+  return MRC_ERR_BACKEND;
+}
+
+TEST_F(SegRegister, AFailedRegistrationKeepsTheBackendsCause) {
+  mrc_backend_t refusing{};
+  refusing.name = "refusing";
+  refusing.reg = refuse_with_cause;
+  mrc_cache_params_t cp;
+  mrc_cache_params_init(&cp);
+  cp.backend = &refusing;
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&cp, &cache), MRC_OK);
+  mrc_seg_t *s = nullptr;
+  ASSERT_EQ(mrc_seg_open(domain_, "refused", 1 << 20, MRC_SEG_HEAP, &s), MRC_OK);
+  mrc_region_t *r = nullptr;
+  EXPECT_EQ(mrc_seg_register(s, cache, &r), MRC_ERR_BACKEND);
+  const std::string why = mrc_last_error();
+  EXPECT_NE(why.find("registering the segment"), std::string::npos) << why;
+  EXPECT_NE(why.find("the device has no room left (test)"), std::string::npos) << why;
+  EXPECT_EQ(why, mrc_seg_last_error());
+  EXPECT_EQ(mrc_seg_close(s), MRC_OK);
+  mrc_cache_destroy(cache);
+}
+
 }  // namespace
