@@ -5,7 +5,9 @@
 // ops_for<Engine>() turns it into an ops table with designated initialisers. Every table the
 // core holds is complete (complete_ops): missing operations of a runtime's plugin are filled with
 // not-supported defaults, so the core calls reg/dereg/describe without testing for NULL (the
-// model is rdma-core's verbs_context_ops and dummy_ops.c).
+// model is rdma-core's verbs_context_ops and dummy_ops.c). A caller's table is read by its
+// struct_size (read_ops, the size rule of mrcache.h); the 0.1 layout, which had none, and the
+// getters that 0.1 programs call are in backend_v0.h.
 //
 // One folder per engine: null/, iouring/, verbs/. The contract every engine and every plugin
 // keeps is in backends/README.md.
@@ -52,14 +54,25 @@ mrc_status_t unsupported_reg(void *ctx, void *addr, std::size_t len, unsigned pr
                              std::uint64_t *key) noexcept;
 void noop_dereg(void *ctx, void *handle) noexcept;
 int handle_describe(void *ctx, void *handle, char *buf, std::size_t len) noexcept;
-// `in` with every NULL operation replaced by its default (name NULL -> "plugin").
+// `in` with every NULL operation replaced by its default (name NULL -> "plugin"); struct_size
+// is the library's sizeof. `in` is a table in the library's layout (read_ops made it one).
 [[nodiscard]] mrc_backend_t complete_ops(const mrc_backend_t &in) noexcept;
+// The size rule of mrcache.h for a caller's table: `known` receives the fields of `caller` that
+// this library knows (the others NULL), struct_size = sizeof. MRC_ERR_INVALID, with the reason
+// in the thread's last error and `known` unchanged, when caller->struct_size is not one this
+// library reads. `caller` is not NULL.
+[[nodiscard]] mrc_status_t read_ops(const mrc_backend_t *caller, mrc_backend_t *known) noexcept;
+// read_ops, then complete_ops: what every entry point that takes a caller's table does
+// (mrc_backend_complete, and Cache::create for mrc_cache_params_t.backend).
+[[nodiscard]] mrc_status_t complete_caller_ops(const mrc_backend_t *caller,
+                                               mrc_backend_t *out) noexcept;
 
 // A complete ops table for an engine. reg validates its arguments, resolves the context and
 // calls the engine; dereg and describe trust what reg handed out.
 template <Backend Ctx>
 constexpr mrc_backend_t ops_for() noexcept {
   return mrc_backend_t{
+      .struct_size = sizeof(mrc_backend_t),
       .name = Ctx::kName,
       .reg = [](void *opaque, void *addr, std::size_t len, unsigned prot, void **handle,
                 std::uint64_t *key) noexcept -> mrc_status_t {

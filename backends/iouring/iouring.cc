@@ -39,6 +39,7 @@
 #include <mutex>
 #include <new>
 
+#include "backends/backend_v0.h"
 #include "backends/backends.h"
 #include "base/check.h"
 
@@ -443,13 +444,23 @@ mrc_status_t IouringContext::transfer(bool write, void *handle, int fd, const vo
 
 namespace {
 constexpr mrc_backend_t kIouringOps = ops_for<IouringContext>();
+// What mrc_backend_iouring@MRCACHE_0 hands a 0.1 program: the same operations, 0.1's layout.
+constexpr BackendOpsV0 kIouringOpsV0 = ops_to_v0(kIouringOps);
 }  // namespace
 
 }  // namespace mrc::backends
 
 extern "C" {
 
-MRC_API const mrc_backend_t *mrc_backend_iouring(void) { return &mrc::backends::kIouringOps; }
+// mrc_backend_t gained struct_size in 0.2: the getter exists as *_v2 (name@@MRCACHE_0.2) and
+// as *_v0 (name@MRCACHE_0, the 0.1 layout); backends/backend_v0.h.
+__asm__(".symver mrc_backend_iouring_v2, mrc_backend_iouring@@MRCACHE_0.2");
+__asm__(".symver mrc_backend_iouring_v0, mrc_backend_iouring@MRCACHE_0");
+
+const mrc_backend_t *mrc_backend_iouring_v2(void) { return &mrc::backends::kIouringOps; }
+const mrc::backends::BackendOpsV0 *mrc_backend_iouring_v0(void) {
+  return &mrc::backends::kIouringOpsV0;
+}
 
 MRC_API void mrc_iouring_params_init(mrc_iouring_params_t *params) {
   if (params == nullptr) return;

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "backends/backend_v0.h"
 #include "backends/backends.h"
 
 namespace mrc::backends {
@@ -106,6 +107,8 @@ namespace {
 // trivially destructible in effect, so it is usable from static constructors and destructors.
 constinit NullContext g_default_context;
 constexpr mrc_backend_t kNullOps = ops_for<NullContext>();
+// What mrc_backend_null@MRCACHE_0 hands a 0.1 program: the same operations, 0.1's layout.
+constexpr BackendOpsV0 kNullOpsV0 = ops_to_v0(kNullOps);
 }  // namespace
 
 NullContext *NullContext::resolve(void *opaque) noexcept {
@@ -146,7 +149,13 @@ bool env_double(const char *name, double *out) {
 
 extern "C" {
 
-MRC_API const mrc_backend_t *mrc_backend_null(void) { return &mrc::backends::kNullOps; }
+// mrc_backend_t gained struct_size in 0.2: the getter exists as *_v2 (name@@MRCACHE_0.2) and
+// as *_v0 (name@MRCACHE_0, the 0.1 layout); backends/backend_v0.h.
+__asm__(".symver mrc_backend_null_v2, mrc_backend_null@@MRCACHE_0.2");
+__asm__(".symver mrc_backend_null_v0, mrc_backend_null@MRCACHE_0");
+
+const mrc_backend_t *mrc_backend_null_v2(void) { return &mrc::backends::kNullOps; }
+const mrc::backends::BackendOpsV0 *mrc_backend_null_v0(void) { return &mrc::backends::kNullOpsV0; }
 
 MRC_API void mrc_null_params_init(mrc_null_params_t *params) {
   if (params == nullptr) return;

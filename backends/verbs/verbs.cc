@@ -15,6 +15,7 @@
 #include <cstring>
 #include <new>
 
+#include "backends/backend_v0.h"
 #include "backends/backends.h"
 #include "base/check.h"
 
@@ -155,13 +156,23 @@ mrc_status_t VerbsContext::create(const mrc_verbs_params_t &params, mrc_verbs_ct
 
 namespace {
 constexpr mrc_backend_t kVerbsOps = ops_for<VerbsContext>();
+// What mrc_backend_verbs@MRCACHE_0 hands a 0.1 program: the same operations, 0.1's layout.
+constexpr BackendOpsV0 kVerbsOpsV0 = ops_to_v0(kVerbsOps);
 }  // namespace
 
 }  // namespace mrc::backends
 
 extern "C" {
 
-MRC_API const mrc_backend_t *mrc_backend_verbs(void) { return &mrc::backends::kVerbsOps; }
+// mrc_backend_t gained struct_size in 0.2: the getter exists as *_v2 (name@@MRCACHE_0.2) and
+// as *_v0 (name@MRCACHE_0, the 0.1 layout); backends/backend_v0.h.
+__asm__(".symver mrc_backend_verbs_v2, mrc_backend_verbs@@MRCACHE_0.2");
+__asm__(".symver mrc_backend_verbs_v0, mrc_backend_verbs@MRCACHE_0");
+
+const mrc_backend_t *mrc_backend_verbs_v2(void) { return &mrc::backends::kVerbsOps; }
+const mrc::backends::BackendOpsV0 *mrc_backend_verbs_v0(void) {
+  return &mrc::backends::kVerbsOpsV0;
+}
 
 MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
   if (params == nullptr) return;

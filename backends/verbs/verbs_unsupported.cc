@@ -2,6 +2,7 @@
 // that runtimes link against any build, and say why they cannot work.
 //
 // SYNCHRONIZATION: no state.
+#include "backends/backend_v0.h"
 #include "backends/backends.h"
 
 namespace mrc::backends {
@@ -15,18 +16,29 @@ mrc_status_t unsupported_verbs_reg(void *, void *, std::size_t, unsigned, void *
 }
 
 constexpr mrc_backend_t kVerbsOps = {
+    .struct_size = sizeof(mrc_backend_t),
     .name = "verbs",
     .reg = unsupported_verbs_reg,
     .dereg = noop_dereg,
     .describe = handle_describe,
 };
+// What mrc_backend_verbs@MRCACHE_0 hands a 0.1 program: the same operations, 0.1's layout.
+constexpr BackendOpsV0 kVerbsOpsV0 = ops_to_v0(kVerbsOps);
 
 }  // namespace
 }  // namespace mrc::backends
 
 extern "C" {
 
-MRC_API const mrc_backend_t *mrc_backend_verbs(void) { return &mrc::backends::kVerbsOps; }
+// mrc_backend_t gained struct_size in 0.2: the getter exists as *_v2 (name@@MRCACHE_0.2) and
+// as *_v0 (name@MRCACHE_0, the 0.1 layout); backends/backend_v0.h.
+__asm__(".symver mrc_backend_verbs_v2, mrc_backend_verbs@@MRCACHE_0.2");
+__asm__(".symver mrc_backend_verbs_v0, mrc_backend_verbs@MRCACHE_0");
+
+const mrc_backend_t *mrc_backend_verbs_v2(void) { return &mrc::backends::kVerbsOps; }
+const mrc::backends::BackendOpsV0 *mrc_backend_verbs_v0(void) {
+  return &mrc::backends::kVerbsOpsV0;
+}
 
 MRC_API void mrc_verbs_params_init(mrc_verbs_params_t *params) {
   if (params == nullptr) return;

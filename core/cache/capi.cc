@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/backend_v0.h"
 #include "base/sized.h"
 #include "core/cache/cache.h"
 #include "core/cache/config.h"
@@ -16,16 +17,17 @@
 
 struct mrc_cache {};  // opaque to C; the object behind it is an mrc::Cache
 
-// mrc_cache_params_t as 0.1 binaries lay it out: frozen, never edit.
+// mrc_cache_params_t as 0.1 binaries lay it out: frozen, never edit. Its backend is a 0.1 table
+// too (backends/backend_v0.h).
 struct CacheParamsV0 {
   const char *name;
-  const mrc_backend_t *backend;
+  const mrc::backends::BackendOpsV0 *backend;
   void *backend_ctx;
   size_t max_regions, max_bytes, max_unreleased;
   unsigned flags;
   size_t verify_pfn_pages, alignment;
   mrc_status_t env_status;
-};  // opaque to C; the object behind it is an mrc::Cache
+};
 
 namespace {
 
@@ -42,17 +44,26 @@ void params_defaults(mrc_cache_params_t *params) {
   params->backend = mrc_backend_null();
 }
 
+// What the init functions wrote, for a 0.1 program. Their only backend is the default, the null
+// backend's table, which a 0.1 program knows as mrc_backend_null@MRCACHE_0's (its 0.1 layout).
 void params_to_v0(const mrc_cache_params_t &in, CacheParamsV0 *out) {
-  *out = CacheParamsV0{in.name,      in.backend,        in.backend_ctx, in.max_regions,
-                       in.max_bytes, in.max_unreleased, in.flags,       in.verify_pfn_pages,
+  *out = CacheParamsV0{in.name,      mrc_backend_null_v0(), in.backend_ctx, in.max_regions,
+                       in.max_bytes, in.max_unreleased,     in.flags,       in.verify_pfn_pages,
                        in.alignment, in.env_status};
 }
 
-mrc_cache_params_t params_from_v0(const CacheParamsV0 &in) {
+// A 0.1 program's params, in the sized layout. Its backend table (0.1 layout) is translated into
+// *backend, which must outlive the use of the result; Cache::create copies the table, so the
+// caller's stack is enough.
+mrc_cache_params_t params_from_v0(const CacheParamsV0 &in, mrc_backend_t *backend) {
   mrc_cache_params_t out;
   params_defaults(&out);
   out.name = in.name;
-  out.backend = in.backend;
+  out.backend = nullptr;  // NULL = mrc_backend_null(), in 0.1 as now
+  if (in.backend != nullptr) {
+    *backend = mrc::backends::ops_from_v0(*in.backend);
+    out.backend = backend;
+  }
   out.backend_ctx = in.backend_ctx;
   out.max_regions = in.max_regions;
   out.max_bytes = in.max_bytes;
@@ -143,7 +154,8 @@ void mrc_cache_params_init_v0(CacheParamsV0 *params) {
 
 mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out) {
   if (params == nullptr || out == nullptr) return MRC_ERR_INVALID;
-  return create(params_from_v0(*params), out);
+  mrc_backend_t backend{};
+  return create(params_from_v0(*params, &backend), out);
 }
 
 void mrc_cache_destroy(mrc_cache_t *cache) { mrc::Cache::destroy(to_cache(cache)); }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 
+#include "backends/backends.h"
 #include "base/check.h"
 #include "base/epoch.h"
 #include "base/pagemap.h"
@@ -35,8 +36,9 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
   mrc_backend_t backend{};
   // A plugin may leave operations out: they get not-supported defaults, never NULL checks here.
-  if (mrc_backend_complete(params.backend != nullptr ? params.backend : mrc_backend_null(),
-                           &backend) != MRC_OK) {
+  // The caller's table is read by its struct_size and copied: the cache keeps no pointer to it.
+  if (backends::complete_caller_ops(params.backend != nullptr ? params.backend : mrc_backend_null(),
+                                    &backend) != MRC_OK) {
     return MRC_ERR_INVALID;
   }
 

@@ -46,7 +46,11 @@ MRC_API void mrc_backend_set_error(const char *backend, const char *fmt, ...)
  *   reg      NULL -> returns MRC_ERR_UNSUPPORTED (and sets the last error)
  *   dereg    NULL -> does nothing
  *   describe NULL -> writes "handle <pointer>"
- * Returns MRC_ERR_INVALID if in or out is NULL. in and out may be the same table. */
+ * in is read by its struct_size (the size rule of mrcache.h). out is the caller's table of the
+ * same type, so it is written as in->struct_size bytes, with out->struct_size = in->struct_size:
+ * what fits of the completed table, and an unknown tail (a larger struct_size, zero in in)
+ * zeroed. Returns MRC_ERR_INVALID, out unchanged, if in or out is NULL or in->struct_size is
+ * outside the rule (the reason in mrc_last_error()). in and out may be the same table. */
 MRC_API mrc_status_t mrc_backend_complete(const mrc_backend_t *in, mrc_backend_t *out);
 
 /* ---- null ------------------------------------------------------------------------------- */

@@ -9,7 +9,9 @@
  * a function whose arguments changed keeps its old version for old programs. Structs that
  * grow say how large the caller's copy is:
  *   - structs the caller fills (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t)
- *     start with `size_t struct_size`, which the *_init function sets to sizeof;
+ *     start with `size_t struct_size`, which the *_init function sets to sizeof; so does a
+ *     plugin's ops table (mrc_backend_t), which has no *_init: its author sets
+ *     `.struct_size = sizeof(mrc_backend_t)`;
  *   - structs the library fills (mrc_stats_t, mrc_monitor_info_t) are passed with their size
  *     (mrc_cache_stats_sized, mrc_monitor_info_sized; mrc_cache_stats and mrc_monitor_info are
  *     inline wrappers that pass sizeof).
@@ -75,6 +77,17 @@ enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNM
 
 /* A registration engine (see backends/README.md for the full plugin contract).
  *
+ * struct_size is sizeof(mrc_backend_t) as the plugin's mrcache.h defines it. A table is usually
+ * static and has no *_init function: its author sets the size with designated initialisers,
+ *   static const mrc_backend_t my_ops = {.struct_size = sizeof(mrc_backend_t),
+ *                                        .name = "mine", .reg = my_reg, .dereg = my_dereg};
+ * (or zeroes the table and sets struct_size first). Every call that reads a table
+ * (mrc_cache_create through params.backend, mrc_backend_complete) applies the size rule above:
+ * struct_size 0, below MRC_BACKEND_SIZE_0_2 or with an unknown non-zero tail is refused with
+ * MRC_ERR_INVALID, the reason in mrc_last_error(). A table built against 0.1 headers (no
+ * struct_size) works only through the 0.1 symbol versions its program was linked against.
+ *
+ * name:     for messages; NULL = "plugin".
  * reg:      register [addr, addr+len) for at least `prot`; on success set *handle and *key and
  *           return MRC_OK. May be called from any application thread, concurrently with other
  *           reg/dereg calls of the same backend unless the backend's context says otherwise.
@@ -84,12 +97,16 @@ enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNM
  * describe: optional (NULL = not supported); writes a human-readable description of the
  *           registration (keys, device) into buf and returns the length snprintf would. */
 typedef struct mrc_backend {
+  size_t struct_size; /* sizeof(mrc_backend_t): see above */
   const char *name;
   mrc_status_t (*reg)(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
                       uint64_t *key);
   void (*dereg)(void *ctx, void *handle);
   int (*describe)(void *ctx, void *handle, char *buf, size_t len);
 } mrc_backend_t;
+/* The smallest struct_size accepted: the first layout that carried one (0.2). */
+#define MRC_BACKEND_SIZE_0_2 \
+  (offsetof(mrc_backend_t, describe) + sizeof(int (*)(void *, void *, char *, size_t)))
 
 typedef struct mrc_cache mrc_cache_t;
 typedef struct mrc_region mrc_region_t;

@@ -1,6 +1,7 @@
 /* A program built against the 0.1 headers (tests/abi/v0.1, never edited) and linked against the
  * 0.1 symbol versions, run on today's libmrcache.so.0: the 0.1 layouts of mrc_cache_params_t,
- * mrc_stats_t, mrc_monitor_info_t, mrc_seg_domain_params_t and mrc_seg_params_t must keep
+ * mrc_stats_t, mrc_monitor_info_t, mrc_seg_domain_params_t, mrc_seg_params_t and the plugin ops
+ * table mrc_backend_t (its own plugin's, the built-in ones, mrc_backend_complete's) must keep
  * meaning what they meant. Each struct sits before
  * a canary, because a library that writes its own (larger) layout into a 0.1 caller's struct
  * corrupts the caller's next variable without crashing. Returns 0 when every check holds. */
@@ -224,6 +225,76 @@ int main(void) {
     CHECK(mrc_seg_close(memfd) == MRC_OK);
   }
   CHECK(canary_intact(sp.canary, sizeof sp.canary));
+
+  /* Ops tables of 0.1, without struct_size. mrc_backend_complete reads and writes 0.1's layout:
+   * the plugin's operations and the defaults arrive where 0.1 put them. */
+  struct {
+    mrc_backend_t ops;
+    unsigned char canary[64];
+  } c;
+  memset(&c, CANARY, sizeof c);
+  CHECK(mrc_backend_complete(&plugin, &c.ops) == MRC_OK);
+  CHECK(canary_intact(c.canary, sizeof c.canary));
+  CHECK(c.ops.name != NULL && strcmp(c.ops.name, "abi-plugin") == 0);
+  CHECK(c.ops.reg == plugin_reg && c.ops.dereg == plugin_dereg && c.ops.describe != NULL);
+  char text[64] = "";
+  CHECK(c.ops.describe != NULL && c.ops.describe(&state, mem, text, sizeof text) > 0 &&
+        strncmp(text, "handle ", 7) == 0);
+  CHECK(mrc_backend_complete(NULL, &c.ops) == MRC_ERR_INVALID);
+  CHECK(canary_intact(c.canary, sizeof c.canary));
+  const mrc_backend_t empty = {0};
+  memset(&c, CANARY, sizeof c);
+  CHECK(mrc_backend_complete(&empty, &c.ops) == MRC_OK);
+  CHECK(canary_intact(c.canary, sizeof c.canary));
+  CHECK(c.ops.name != NULL && strcmp(c.ops.name, "plugin") == 0);
+  void *handle = NULL;
+  uint64_t key = 0;
+  CHECK(c.ops.reg != NULL &&
+        c.ops.reg(NULL, mem, page, MRC_PROT_READ, &handle, &key) == MRC_ERR_UNSUPPORTED);
+
+  /* The built-in tables in 0.1's layout: the null engine registers through it. */
+  const mrc_backend_t *null_ops = mrc_backend_null();
+  CHECK(null_ops != NULL && null_ops->name != NULL && strcmp(null_ops->name, "null") == 0);
+  if (null_ops != NULL) {
+    CHECK(null_ops->reg(NULL, mem, page, MRC_PROT_READ, &handle, &key) == MRC_OK && key >= 1);
+    CHECK(null_ops->describe != NULL && null_ops->describe(NULL, handle, text, sizeof text) > 0);
+    null_ops->dereg(NULL, handle);
+    memset(&c, CANARY, sizeof c);
+    CHECK(mrc_backend_complete(null_ops, &c.ops) == MRC_OK); /* complete already */
+    CHECK(canary_intact(c.canary, sizeof c.canary));
+    CHECK(c.ops.reg == null_ops->reg && c.ops.dereg == null_ops->dereg &&
+          c.ops.describe == null_ops->describe);
+  }
+  const mrc_backend_t *iouring_ops = mrc_backend_iouring();
+  CHECK(iouring_ops != NULL && iouring_ops->name != NULL &&
+        strcmp(iouring_ops->name, "iouring") == 0 && iouring_ops->reg != NULL);
+  const mrc_backend_t *verbs_ops = mrc_backend_verbs();
+  CHECK(verbs_ops != NULL && verbs_ops->name != NULL && strcmp(verbs_ops->name, "verbs") == 0 &&
+        verbs_ops->reg != NULL);
+
+  /* A cache on 0.1's null table, named explicitly, and one on the completed plugin table. */
+  memset(&c, CANARY, sizeof c);
+  CHECK(mrc_backend_complete(&plugin, &c.ops) == MRC_OK);
+  const mrc_backend_t *tables[2] = {null_ops, &c.ops};
+  for (int t = 0; t < 2; ++t) {
+    mrc_cache_params_init(&p.params);
+    p.params.backend = tables[t];
+    p.params.backend_ctx = t == 0 ? NULL : &state;
+    mrc_cache_t *other = NULL;
+    CHECK(mrc_cache_create(&p.params, &other) == MRC_OK);
+    if (other == NULL) continue;
+    const unsigned regs_before = state.regs;
+    mrc_region_t *region = NULL;
+    CHECK(mrc_get(other, mem, 2 * page, MRC_PROT_READ, &region) == MRC_OK);
+    if (region != NULL) {
+      CHECK(mrc_region_length(region) >= 2 * page);
+      /* null: a serial number; the plugin: its own key. */
+      CHECK(t == 0 ? state.regs == regs_before : mrc_region_key(region) >= 7000u);
+      mrc_put(other, region);
+    }
+    mrc_cache_destroy(other);
+  }
+  CHECK(canary_intact(p.canary, sizeof p.canary));
 
   mrc_cache_destroy(cache);
   CHECK(state.deregs == state.regs);

@@ -1,6 +1,7 @@
 // The size rule of the growing structs (include/mrcache/mrcache.h, top), for each kind: output
 // structs filled through a size argument (mrc_stats_t, mrc_monitor_info_t) and input structs
-// that carry struct_size (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t).
+// that carry struct_size (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t, the
+// plugin ops table mrc_backend_t).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -244,6 +245,111 @@ TEST(AbiSize, SegParamsStructSizeRule) {
   EXPECT_EQ(mrc_seg_domain_close(domain), MRC_OK);
   unsigned removed = 0;
   EXPECT_EQ(mrc_seg_domain_remove(&dp, &removed), MRC_OK);
+}
+
+// A plugin built against a later mrcache.h, whose ops table has a field this library lacks.
+struct FutureBackend {
+  mrc_backend_t known;
+  uint64_t future_field;
+};
+
+mrc_status_t serial_reg(void *ctx, void *, size_t, unsigned, void **handle, uint64_t *key) {
+  auto *serial = static_cast<uint64_t *>(ctx);
+  *handle = nullptr;
+  *key = 9000 + (*serial)++;
+  return MRC_OK;
+}
+
+// A cache on `table`: MRC_OK only if it serves a get through the table's reg. A refusal that
+// still wrote the cache's output reads as MRC_ERR_EXISTS.
+mrc_status_t create_and_get(const mrc_backend_t *table) {
+  static uint64_t serial = 0;
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  params.backend = table;
+  params.backend_ctx = &serial;
+  mrc_cache_t *cache = nullptr;
+  if (mrc_status_t status = mrc_cache_create(&params, &cache); status != MRC_OK)
+    return cache == nullptr ? status : MRC_ERR_EXISTS;
+  static char buffer[4096];
+  mrc_region_t *region = nullptr;
+  mrc_status_t status = mrc_get(cache, buffer, sizeof buffer, MRC_PROT_READ, &region);
+  if (status == MRC_OK) {
+    if (mrc_region_key(region) < 9000) status = MRC_ERR_BACKEND;  // not the plugin's key
+    mrc_put(cache, region);
+  }
+  mrc_cache_destroy(cache);
+  return status;
+}
+
+TEST(AbiSize, BuiltInBackendTablesCarryTheirSize) {
+  for (const mrc_backend_t *table :
+       {mrc_backend_null(), mrc_backend_iouring(), mrc_backend_verbs()}) {
+    ASSERT_NE(table, nullptr);
+    EXPECT_EQ(table->struct_size, sizeof(mrc_backend_t)) << table->name;
+  }
+  EXPECT_GE(sizeof(mrc_backend_t), MRC_BACKEND_SIZE_0_2);
+}
+
+// mrc_cache_create reads params.backend by its struct_size; so does mrc_backend_complete, which
+// writes its output with the same size.
+TEST(AbiSize, BackendStructSizeRule) {
+  FutureBackend p;
+  std::memset(&p, 0, sizeof p);
+  p.known.struct_size = sizeof p.known;
+  p.known.name = "future";
+  p.known.reg = serial_reg;
+  ASSERT_EQ(create_and_get(&p.known), MRC_OK) << mrc_last_error();
+
+  // Refused, and nothing changed: no cache, the output table untouched.
+  FutureBackend out;
+  for (size_t bad : {size_t{0}, MRC_BACKEND_SIZE_0_2 - 1, sizeof(void *),
+                     static_cast<size_t>(-1) /* never initialised: not scanned for zeros */}) {
+    SCOPED_TRACE(bad);
+    p.known.struct_size = bad;
+    EXPECT_EQ(create_and_get(&p.known), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(mrc_last_error()).find("struct_size"), std::string::npos)
+        << mrc_last_error();
+    std::memset(&out, kFill, sizeof out);
+    EXPECT_EQ(mrc_backend_complete(&p.known, &out.known), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(mrc_last_error()).find("struct_size"), std::string::npos);
+    EXPECT_TRUE(all_equal(reinterpret_cast<unsigned char *>(&out), sizeof out, kFill));
+  }
+
+  // The first sized layout: every field is there; the output is written up to it, not past.
+  p.known.struct_size = MRC_BACKEND_SIZE_0_2;
+  EXPECT_EQ(create_and_get(&p.known), MRC_OK) << mrc_last_error();
+  std::memset(&out, kFill, sizeof out);
+  ASSERT_EQ(mrc_backend_complete(&p.known, &out.known), MRC_OK);
+  EXPECT_EQ(out.known.struct_size, MRC_BACKEND_SIZE_0_2);
+  EXPECT_STREQ(out.known.name, "future");
+  EXPECT_EQ(out.known.reg, &serial_reg);
+  EXPECT_NE(out.known.dereg, nullptr);
+  EXPECT_NE(out.known.describe, nullptr);
+  EXPECT_TRUE(all_equal(reinterpret_cast<unsigned char *>(&out) + MRC_BACKEND_SIZE_0_2,
+                        sizeof out - MRC_BACKEND_SIZE_0_2, kFill))
+      << "wrote past the caller's struct_size";
+
+  // Larger, with the unknown tail zero: accepted; the output's unknown tail is zeroed.
+  p.known.struct_size = sizeof p;
+  p.future_field = 0;
+  EXPECT_EQ(create_and_get(&p.known), MRC_OK) << mrc_last_error();
+  std::memset(&out, kFill, sizeof out);
+  ASSERT_EQ(mrc_backend_complete(&p.known, &out.known), MRC_OK);
+  EXPECT_EQ(out.known.struct_size, sizeof p);
+  EXPECT_EQ(out.known.reg, &serial_reg);
+  EXPECT_EQ(out.future_field, 0u);
+  // In place, the same table: completing it again changes nothing.
+  const FutureBackend before = out;
+  ASSERT_EQ(mrc_backend_complete(&out.known, &out.known), MRC_OK);
+  EXPECT_EQ(std::memcmp(&before, &out, sizeof out), 0);
+
+  // Larger, with a field this library cannot honour: refused, nothing changed.
+  p.future_field = 1;
+  EXPECT_EQ(create_and_get(&p.known), MRC_ERR_INVALID);
+  std::memset(&out, kFill, sizeof out);
+  EXPECT_EQ(mrc_backend_complete(&p.known, &out.known), MRC_ERR_INVALID);
+  EXPECT_TRUE(all_equal(reinterpret_cast<unsigned char *>(&out), sizeof out, kFill));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 /* A runtime's own registration engine, written in C exactly as an embedding runtime would:
- * an ops table with designated initialisers that leaves out what it does not need, completed
- * with mrc_backend_complete. Compiled as C (this also proves <mrcache/mrcache.h> is C). */
+ * an ops table with designated initialisers (its struct_size first) that leaves out what it
+ * does not need, completed with mrc_backend_complete. Compiled as C (this also proves
+ * <mrcache/mrcache.h> is C). */
 #include <stdint.h>
 #include <string.h>
 
@@ -33,6 +34,7 @@ static mrc_status_t plugin_reg(void *ctx, void *addr, size_t len, unsigned prot,
 
 /* No dereg, no describe: the defaults stand in. */
 static const mrc_backend_t plugin_ops = {
+    .struct_size = sizeof(mrc_backend_t),
     .name = "c-plugin",
     .reg = plugin_reg,
 };
@@ -45,9 +47,9 @@ void *plugin_c_ctx(void) { return &g_state; }
 
 unsigned plugin_c_live(void) { return g_state.live; }
 
-/* Everything left out, even the name. */
+/* Everything left out, even the name: only the size is there. */
 mrc_status_t plugin_c_complete_empty(mrc_backend_t *out) {
-  const mrc_backend_t empty = {0};
+  const mrc_backend_t empty = {.struct_size = sizeof(mrc_backend_t)};
   return mrc_backend_complete(&empty, out);
 }
 

@@ -37,6 +37,7 @@ static void plugin_dereg(void *ctx, void *handle) {
 }
 
 static const mrc_backend_t plugin = {
+    .struct_size = sizeof(mrc_backend_t),
     .name = "c-plugin",
     .reg = plugin_reg,
     .dereg = plugin_dereg,

@@ -6,6 +6,7 @@ namespace mrc::test {
 
 CountingBackend::CountingBackend() {
   ops_ = mrc_backend_t{};
+  ops_.struct_size = sizeof ops_;
   ops_.name = "counting";
   ops_.reg = &CountingBackend::reg;
   ops_.dereg = &CountingBackend::dereg;

@@ -7,6 +7,7 @@
 namespace conformance {
 
 CountingBackend::CountingBackend() {
+  ops_.struct_size = sizeof ops_;
   ops_.name = "conformance-counting";
   ops_.reg = &CountingBackend::reg;
   ops_.dereg = &CountingBackend::dereg;

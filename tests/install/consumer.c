@@ -60,6 +60,51 @@ static void round_trip(void) {
   munmap(buf, len);
 }
 
+/* A plugin of the program's own, as the installed mrcache.h says to write one: a static table
+ * that starts with its struct_size, completed by mrc_backend_complete and used by a cache. */
+static unsigned plugin_regs;
+
+static mrc_status_t plugin_reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
+                               uint64_t *key) {
+  (void)ctx;
+  (void)len;
+  (void)prot;
+  *handle = addr;
+  *key = 0x1000u + ++plugin_regs;
+  return MRC_OK;
+}
+
+static const mrc_backend_t plugin_ops = {
+    .struct_size = sizeof(mrc_backend_t),
+    .name = "install-plugin",
+    .reg = plugin_reg,
+};
+
+static void plugin(void) {
+  mrc_backend_t completed;
+  EXPECT(mrc_backend_complete(&plugin_ops, &completed) == MRC_OK);
+  EXPECT(completed.struct_size == sizeof completed && completed.dereg != NULL);
+  const mrc_backend_t unsized = {.name = "no-size", .reg = plugin_reg};
+  EXPECT(mrc_backend_complete(&unsized, &completed) == MRC_ERR_INVALID);
+
+  static char buf[8192];
+  mrc_cache_params_t params;
+  mrc_cache_params_init(&params);
+  params.backend = &plugin_ops;
+  mrc_cache_t *cache = NULL;
+  EXPECT(mrc_cache_create(&params, &cache) == MRC_OK);
+  if (cache == NULL) return;
+  mrc_region_t *region = NULL;
+  EXPECT(mrc_get(cache, buf, sizeof buf, MRC_PROT_READ, &region) == MRC_OK);
+  if (region != NULL) {
+    EXPECT(mrc_region_key(region) == 0x1000u + plugin_regs);
+    mrc_put(cache, region);
+  }
+  mrc_cache_destroy(cache);
+  params.backend = &unsized;
+  EXPECT(mrc_cache_create(&params, &cache) == MRC_ERR_INVALID);
+}
+
 int main(void) {
   char expected[32];
   snprintf(expected, sizeof expected, "%d.%d.%d", MRC_VERSION_MAJOR, MRC_VERSION_MINOR,
@@ -69,7 +114,8 @@ int main(void) {
   EXPECT(mrc_status_string(MRC_ERR_INVALID) != NULL);
   EXPECT(strcmp(mrc_status_string(MRC_OK), mrc_status_string(MRC_ERR_INVALID)) != 0);
   round_trip();
-  const char *what = "version, status strings, get/put round trip";
+  plugin();
+  const char *what = "version, status strings, get/put round trip, a sized plugin table";
   if (failures) {
     fprintf(stderr, "consumer (C): %d check(s) failed\n", failures);
     return 1;

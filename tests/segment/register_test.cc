@@ -144,6 +144,7 @@ mrc_status_t refuse_with_cause(void *, void *, size_t, unsigned, void **, uint64
 
 TEST_F(SegRegister, AFailedRegistrationKeepsTheBackendsCause) {
   mrc_backend_t refusing{};
+  refusing.struct_size = sizeof refusing;
   refusing.name = "refusing";
   refusing.reg = refuse_with_cause;
   mrc_cache_params_t cp;

@@ -52,7 +52,7 @@ mrc_status_t noop_reg(void *, void *, size_t, unsigned, void **handle, uint64_t 
   return MRC_OK;
 }
 void noop_dereg(void *, void *) {}
-const mrc_backend_t kNoopBackend = {"noop", &noop_reg, &noop_dereg, nullptr};
+const mrc_backend_t kNoopBackend = {sizeof(mrc_backend_t), "noop", &noop_reg, &noop_dereg, nullptr};
 
 char *map_region_pool(size_t regions, size_t pages_each) {
   // A gap page between regions so that neighbours never merge.

@@ -76,6 +76,7 @@ std::optional<RegistrationInfo> Instrumented::lookup(void *handle) const {
 }
 
 Instrumented::Instrumented(const Config &config) : config_(config) {
+  ops_.struct_size = sizeof ops_;
   ops_.name = config.inner->name;
   ops_.reg = &Instrumented::reg;
   ops_.dereg = &Instrumented::dereg;
