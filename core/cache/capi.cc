@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends/backend_v0.h"
+#include "base/error.h"
 #include "base/sized.h"
 #include "core/cache/cache.h"
 #include "core/cache/config.h"
@@ -131,6 +132,10 @@ mrc_status_t mrc_cache_create_v2(const mrc_cache_params_t *params, mrc_cache_t *
   params_defaults(&known);
   if (!mrc::sized_input_copy(&known, sizeof known, params, params->struct_size,
                              MRC_CACHE_PARAMS_SIZE_0_2)) {
+    mrc::set_last_error(
+        "mrc_cache_create: struct_size %zu is not a mrc_cache_params_t this library can read "
+        "(set it with mrc_cache_params_init)",
+        params->struct_size);
     return MRC_ERR_INVALID;
   }
   known.struct_size = sizeof known;

@@ -132,6 +132,8 @@ TEST(AbiSize, ParamsStructSizeRule) {
 
   p.known.struct_size = 0;
   EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
+  EXPECT_NE(std::string(mrc_last_error()).find("struct_size 0"), std::string::npos)
+      << mrc_last_error();
   p.known.struct_size = MRC_CACHE_PARAMS_SIZE_0_2 - 1;
   EXPECT_EQ(mrc_cache_create(&p.known, &cache), MRC_ERR_INVALID);
   p.known.struct_size = static_cast<size_t>(-1);  // never initialised: not scanned for zeros
