@@ -15,6 +15,7 @@
 #include <string>
 
 #include "base/testing.h"
+#include "tests/common/fork_child.h"
 
 namespace mrc::os {
 namespace {
@@ -111,22 +112,6 @@ INSTANTIATE_TEST_SUITE_P(Sources, Query, ::testing::Values(false, true),
                            return param.param ? std::string("ProcMapsParser")
                                               : std::string("ProcmapQuery");
                          });
-
-// In a child: a failed check ends it with the line number as exit status.
-#define CHILD_CHECK(cond)                                                     \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "child check failed: %s (line %d)\n", #cond, __LINE__); \
-      _exit(__LINE__ % 250 + 1);                                              \
-    }                                                                         \
-  } while (0)
-
-int wait_child(pid_t pid) {
-  int status = 0;
-  EXPECT_EQ(waitpid(pid, &status, 0), pid);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 1000 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
 
 // A /proc/self/maps descriptor kept open by the parent describes the parent: a forked child
 // must query its own address space, even if it never subscribed.

@@ -17,6 +17,7 @@
 #include <climits>
 #include <string>
 
+#include "tests/common/fork_child.h"
 #include "tests/uffd/helpers.h"
 #include "uffd/testing.h"
 
@@ -249,22 +250,6 @@ TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
 }
 
 // ---- fork ----
-
-// In a child: a failed check ends it with the line number as exit status.
-#define CHILD_CHECK(cond)                                                     \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "child check failed: %s (line %d)\n", #cond, __LINE__); \
-      _exit(__LINE__ % 250 + 1);                                              \
-    }                                                                         \
-  } while (0)
-
-int wait_child(pid_t pid) {
-  int status = 0;
-  EXPECT_EQ(waitpid(pid, &status, 0), pid);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 1000 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
 
 TEST(Fork, ChildForgetsAndReArmsWhileTheParentCarriesOn) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
