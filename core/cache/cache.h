@@ -27,6 +27,14 @@
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
+// - User code and mutex_ (docs/DESIGN.md, "The C API contract", "User code"). mutex_ is taken
+//   only through Lock, which records it in the thread's frames (reentry.h) and defers the
+//   thread's log messages to after the unlock (log.h). The only user code under it is the
+//   backend's reg (register_locked); a region whose count ends under it goes on deferred_ (also
+//   a put from inside reg: release_last), finished after the unlock by the same thread. Calls
+//   back from reg that need mutex_ are refused (Lock::acquire, get_slow). dereg and invalidate
+//   callbacks run inside an Inside::Callback frame, destroy inside Inside::Destroy: destroy from
+//   them, and a get from destroy's callbacks, are refused.
 // - The unmap window. The kernel queues an UNMAP event only after the VMA is gone, so for a few
 //   microseconds another thread can map new memory at that address while the old region is
 //   still in the table (and its range still counts as watched). In exact mode (the default)
@@ -76,7 +84,8 @@
 // slow_path.cc: the slow path under mutex_ (drain, removal, purge, registration). parking.cc:
 // promotion and taking parked references back. evict.cc: the bound and eviction. release.cc:
 // dropping references, finishing and reaping regions. region_pool.cc: region memory.
-// invalidate.cc: mrc_invalidate. stats.cc: statistics.
+// invalidate.cc: mrc_invalidate. stats.cc: statistics. lock.cc and reentry.h: Lock, and which
+// cache's lock or callback the thread is inside.
 #pragma once
 
 #include <atomic>

@@ -257,37 +257,35 @@ TEST(CacheReentry, ForkFromLogHandlerDoesNotDeadlock) {
 // after the cache mutex is released.
 TEST(CacheReentry, DeregCallingStatsDuringEvictionDoesNotDeadlock) {
   if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
-  EXPECT_EQ(in_child([] {
-              g_cache = create_cache();
-              CHILD_CHECK(g_cache != nullptr);
-              static std::atomic<int> stats_calls{0};
-              g_dereg_hook = [] {
-                mrc_stats_t stats;
-                CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_OK);
-                ++stats_calls;
-              };
-              // Room for two registrations only.
-              g_reg_hook = [](void *, size_t) {
-                return g_live.load() >= 2 ? MRC_ERR_NO_MEMORY : MRC_OK;
-              };
-              char *a = map_pages(8);
-              mrc_region_t *region = nullptr;
-              for (int i = 0; i < 2; ++i) {  // two cached regions, unused (apart: no merge)
-                CHILD_CHECK(mrc_get(g_cache, a + 3 * i * kPage, kPage, MRC_PROT_READ, &region) ==
-                            MRC_OK);
-                mrc_put(g_cache, region);
-              }
-              CHILD_CHECK(mrc_get(g_cache, a + 6 * kPage, kPage, MRC_PROT_READ, &region) == MRC_OK);
-              CHILD_CHECK(stats_calls.load() == 2);
-              mrc_stats_t stats;
-              CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_OK);
-              CHILD_CHECK(stats.evictions == 2);
-              mrc_put(g_cache, region);
-              CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
-              CHILD_CHECK(g_live.load() == 0);
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(
+      in_child([] {
+        g_cache = create_cache();
+        CHILD_CHECK(g_cache != nullptr);
+        static std::atomic<int> stats_calls{0};
+        g_dereg_hook = [] {
+          mrc_stats_t stats;
+          CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_OK);
+          ++stats_calls;
+        };
+        // Room for two registrations only.
+        g_reg_hook = [](void *, size_t) { return g_live.load() >= 2 ? MRC_ERR_NO_MEMORY : MRC_OK; };
+        char *a = map_pages(8);
+        mrc_region_t *region = nullptr;
+        for (int i = 0; i < 2; ++i) {  // two cached regions, unused (apart: no merge)
+          CHILD_CHECK(mrc_get(g_cache, a + 3 * i * kPage, kPage, MRC_PROT_READ, &region) == MRC_OK);
+          mrc_put(g_cache, region);
+        }
+        CHILD_CHECK(mrc_get(g_cache, a + 6 * kPage, kPage, MRC_PROT_READ, &region) == MRC_OK);
+        CHILD_CHECK(stats_calls.load() == 2);
+        mrc_stats_t stats;
+        CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_OK);
+        CHILD_CHECK(stats.evictions == 2);
+        mrc_put(g_cache, region);
+        CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
+        CHILD_CHECK(g_live.load() == 0);
+        return 0;
+      }),
+      0);
 }
 
 TEST(CacheReentry, LogHandlerCallingStatsDoesNotDeadlock) {
