@@ -96,6 +96,9 @@ bool cached_mode() {
 
 std::atomic<int> g_reentry_checked{0};
 mrc_region_t *g_held = nullptr;  // a region the test holds, put from inside reg
+char *g_cached = nullptr;        // memory whose region is cached (unused)
+
+bool cached_mode();
 
 mrc_status_t reg_reenters(void *addr, size_t /*len*/) {
   if (g_reentry_checked.load() != 0) return MRC_OK;
@@ -111,6 +114,11 @@ mrc_status_t reg_reenters(void *addr, size_t /*len*/) {
   CHILD_CHECK(mrc_cache_purge(g_cache) == MRC_ERR_BUSY);
   CHILD_CHECK(mrc_invalidate(g_cache, g_held, nullptr, nullptr) == MRC_ERR_BUSY);
   CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_ERR_BUSY);
+  // A hit needs no lock.
+  if (cached_mode()) {
+    CHILD_CHECK(mrc_get(g_cache, g_cached, kPage, MRC_PROT_READ, &region) == MRC_OK);
+    mrc_put(g_cache, region);
+  }
   // A put is never refused: its deregistration (the last reference of an invalidated region)
   // runs after the lock.
   mrc_put(g_cache, g_held);
@@ -126,6 +134,10 @@ TEST(CacheReentry, RegCallingBackIsRefusedWithBusy) {
               char *b = map_pages(2);
               CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &g_held) == MRC_OK);
               CHILD_CHECK(mrc_invalidate(g_cache, g_held, nullptr, nullptr) == MRC_OK);
+              g_cached = map_pages(2);
+              mrc_region_t *cached = nullptr;
+              CHILD_CHECK(mrc_get(g_cache, g_cached, kPage, MRC_PROT_READ, &cached) == MRC_OK);
+              mrc_put(g_cache, cached);
               g_dereg_hook = [] {
                 mrc_stats_t stats;
                 CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_OK);
