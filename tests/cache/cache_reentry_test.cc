@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "../common/fork_child.h"
 #include "mrcache/mrcache.h"
@@ -174,6 +175,54 @@ TEST(CacheReentry, RegMayUseAnotherCache) {
               mrc_region_t *region = nullptr;
               CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_OK);
               mrc_put(g_cache, region);
+              CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
+              CHILD_CHECK(mrc_cache_destroy(g_other) == MRC_OK);
+              CHILD_CHECK(g_live.load() == 0);
+              return 0;
+            }),
+            0);
+}
+
+// Two regs, each calling into the other's cache while both hold their own lock: one side (or
+// both) gets MRC_ERR_BUSY instead of the two waiting for each other forever.
+std::atomic<int> g_in_reg{0};
+thread_local bool tls_crossed = false;
+mrc_status_t g_cross_status[2] = {MRC_OK, MRC_OK};
+
+TEST(CacheReentry, RegsCallingEachOthersCacheDoNotDeadlock) {
+  EXPECT_EQ(in_child([] {
+              g_cache = create_cache();
+              g_other = create_cache();
+              CHILD_CHECK(g_cache != nullptr && g_other != nullptr);
+              static char *memory = map_pages(8);
+              g_reg_hook = [](void *addr, size_t) {
+                if (tls_crossed) return MRC_OK;  // the nested get's own reg
+                tls_crossed = true;
+                const bool first = static_cast<char *>(addr) < memory + 4 * kPage;
+                ++g_in_reg;
+                while (g_in_reg.load() < 2) usleep(100);  // both threads hold their own lock
+                mrc_region_t *region = nullptr;
+                mrc_cache_t *other = first ? g_other : g_cache;
+                const mrc_status_t status =
+                    mrc_get(other, memory + (first ? 6 : 2) * kPage, kPage, MRC_PROT_READ, &region);
+                g_cross_status[first ? 0 : 1] = status;
+                if (status == MRC_OK) mrc_put(other, region);
+                return MRC_OK;
+              };
+              auto run = [](mrc_cache_t *cache, char *at) {
+                mrc_region_t *region = nullptr;
+                CHILD_CHECK(mrc_get(cache, at, kPage, MRC_PROT_READ, &region) == MRC_OK);
+                mrc_put(cache, region);
+              };
+              std::thread a(run, g_cache, memory);
+              std::thread b(run, g_other, memory + 4 * kPage);
+              a.join();
+              b.join();
+              for (mrc_status_t status : g_cross_status) {
+                CHILD_CHECK(status == MRC_OK || status == MRC_ERR_BUSY);
+              }
+              CHILD_CHECK(g_cross_status[0] == MRC_ERR_BUSY || g_cross_status[1] == MRC_ERR_BUSY);
+              g_reg_hook = nullptr;
               CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
               CHILD_CHECK(mrc_cache_destroy(g_other) == MRC_OK);
               CHILD_CHECK(g_live.load() == 0);
