@@ -71,7 +71,8 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * it does not hold, a get may return the previous owner's registration for new memory at the
  * same address, which a NIC then reads and writes.
  *
- * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork.
+ * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork
+ * (except for a fork from inside this cache's backend reg, which holds the lock a purge needs).
  * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration. */
 enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNMAPS = 4 };
 
