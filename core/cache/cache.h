@@ -27,6 +27,14 @@
 // - Deregistration runs outside mutex_ (the backend may munmap, whose event the monitor reads;
 //   nothing here waits for the monitor while holding the mutex except drain's bounded wait for
 //   `pending`, and the monitor never waits for anything).
+// - User code and mutex_ (docs/DESIGN.md, "The C API contract", "User code"). mutex_ is taken
+//   only through Lock, which records it in the thread's frames (reentry.h) and defers the
+//   thread's log messages to after the unlock (log.h). The only user code under it is the
+//   backend's reg (register_locked); a region whose count ends under it goes on deferred_ (also
+//   a put from inside reg: release_last), finished after the unlock by the same thread. Calls
+//   back from reg that need mutex_ are refused (Lock::acquire, get_slow). dereg and invalidate
+//   callbacks run inside an Inside::Callback frame, destroy inside Inside::Destroy: destroy from
+//   them, and a get from destroy's callbacks, are refused.
 // - The unmap window. The kernel queues an UNMAP event only after the VMA is gone, so for a few
 //   microseconds another thread can map new memory at that address while the old region is
 //   still in the table (and its range still counts as watched). In exact mode (the default)
@@ -76,7 +84,8 @@
 // slow_path.cc: the slow path under mutex_ (drain, removal, purge, registration). parking.cc:
 // promotion and taking parked references back. evict.cc: the bound and eviction. release.cc:
 // dropping references, finishing and reaping regions. region_pool.cc: region memory.
-// invalidate.cc: mrc_invalidate. stats.cc: statistics.
+// invalidate.cc: mrc_invalidate. stats.cc: statistics. lock.cc and reentry.h: Lock, and which
+// cache's lock or callback the thread is inside.
 #pragma once
 
 #include <atomic>
@@ -86,6 +95,7 @@
 
 #include "core/cache/counters.h"
 #include "core/cache/parking_line.h"
+#include "core/cache/reentry.h"
 #include "core/cache/region.h"
 #include "mrcache/mrcache.h"
 #include "pgtable/pgtable.h"
@@ -99,23 +109,54 @@ class Cache {
   Cache &operator=(const Cache &) = delete;
 
   [[nodiscard]] static mrc_status_t create(const mrc_cache_params_t &params, Cache **out) noexcept;
-  static void destroy(Cache *cache) noexcept;
+  // MRC_ERR_BUSY, nothing changed, from inside this cache (its lock, a callback of it, its own
+  // destroy) and, with refuse_held, while the application holds a region (the 0.2 call); without
+  // it (the 0.1 call) regions still held are deregistered anyway and become invalid.
+  [[nodiscard]] static mrc_status_t destroy(Cache *cache, bool refuse_held) noexcept;
 
   [[nodiscard]] mrc_status_t get(uintptr_t address, size_t length, size_t alignment, unsigned prot,
                                  Region **out) noexcept;
   void put(Region *region) noexcept;
   [[nodiscard]] mrc_status_t invalidate(Region *region, void (*done)(void *), void *arg) noexcept;
-  void stats(mrc_stats_t *out) noexcept;
+  // These and get (when it misses), invalidate and purge return MRC_ERR_BUSY where taking
+  // mutex_ could deadlock (Lock::acquire).
+  [[nodiscard]] mrc_status_t stats(mrc_stats_t *out) noexcept;
   int stats_json(char *buffer, size_t length) noexcept;
 
   // Forgets every cached region; with deregister=false the backend is not called (fork child).
-  void purge(bool deregister) noexcept;
+  [[nodiscard]] mrc_status_t purge(bool deregister) noexcept;
 
   const char *name() const noexcept { return name_; }
 
  private:
   Cache() = default;
   ~Cache();
+
+  // mutex_, with this thread's frame (reentry.h) and its log messages deferred until the unlock
+  // (log.h): no user code runs under it but the backend's reg. acquire() blocks, except where
+  // blocking could deadlock: false when this thread holds mutex_ already (reg calling back into
+  // its cache), and only a try when it holds another cache's mutex (reg using another cache:
+  // two such regs, each in a cache the other wants, would wait for each other). wait=true
+  // always blocks (destroy after its checks, the fork handler).
+  class Lock {
+   public:
+    explicit Lock(Cache &cache) noexcept : cache_(cache) {}
+    ~Lock() {
+      if (held_) release();
+    }
+    Lock(const Lock &) = delete;
+    Lock &operator=(const Lock &) = delete;
+    [[nodiscard]] bool acquire(bool wait = false) noexcept;
+    void release() noexcept;
+
+   private:
+    Cache &cache_;
+    InsideFrame frame_{};
+    bool held_ = false;
+  };
+  // Whether the application holds a region (a reference that is not the table's or parked);
+  // takes parked references back. Under mutex_; regions whose count ended go on deferred_.
+  bool held_locked() noexcept;
 
   // align_mask: the requested alignment (at least alignment_) minus one. A region serves a get
   // only when both its bounds are aligned to it.
@@ -144,8 +185,10 @@ class Cache {
   size_t evict_unused_locked() noexcept;
   // Registers [start, end) merged with its neighbours, watched and in the table; with
   // cacheable=false exactly the request, handed out uncached (deregistered at its last put).
+  // When the backend is out of resources and `evicted` is given, evicts every unused region and
+  // sets *evicted (MRC_ERR_NO_MEMORY): the caller deregisters them after the lock and retries.
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                               bool cacheable, Region **out) noexcept;
+                               bool cacheable, bool *evicted, Region **out) noexcept;
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches.
   static void ring_insert_locked(Region *&head, Region *region) noexcept;
@@ -247,6 +290,9 @@ class Cache {
   size_t free_count_ = 0;           // mutex_
 
   Cache *fork_next_ = nullptr;  // the process's list of caches (fork handling)
+  // Set by the fork prepare handler when the forking thread holds mutex_ (a fork inside reg):
+  // the handlers then neither take nor release it. CacheRegistry::mutex().
+  bool fork_held_ = false;
   friend struct CacheRegistry;
 };
 

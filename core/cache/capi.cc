@@ -99,6 +99,8 @@ MRC_API mrc_status_t mrc_cache_params_init_checked_v0(CacheParamsV0 *params, cha
 MRC_API void mrc_cache_params_init_v0(CacheParamsV0 *params);
 MRC_API mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out);
 MRC_API mrc_status_t mrc_cache_stats_v0(mrc_cache_t *cache, mrc_stats_t *stats);
+MRC_API mrc_status_t mrc_cache_destroy_v2(mrc_cache_t *cache);
+MRC_API void mrc_cache_destroy_v0(mrc_cache_t *cache);
 
 MRC_SYMVER(mrc_cache_params_init_checked_v2, mrc_cache_params_init_checked, "@@MRCACHE_0.2");
 MRC_SYMVER(mrc_cache_params_init_v2, mrc_cache_params_init, "@@MRCACHE_0.2");
@@ -107,6 +109,8 @@ MRC_SYMVER(mrc_cache_params_init_checked_v0, mrc_cache_params_init_checked, "@MR
 MRC_SYMVER(mrc_cache_params_init_v0, mrc_cache_params_init, "@MRCACHE_0");
 MRC_SYMVER(mrc_cache_create_v0, mrc_cache_create, "@MRCACHE_0");
 MRC_SYMVER(mrc_cache_stats_v0, mrc_cache_stats, "@MRCACHE_0");
+MRC_SYMVER(mrc_cache_destroy_v2, mrc_cache_destroy, "@@MRCACHE_0.2");
+MRC_SYMVER(mrc_cache_destroy_v0, mrc_cache_destroy, "@MRCACHE_0");
 
 mrc_status_t mrc_cache_params_init_checked_v2(mrc_cache_params_t *params, char *errbuf,
                                               size_t errlen) {
@@ -163,7 +167,25 @@ mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out)
   return create(params_from_v0(*params, &backend), out);
 }
 
-void mrc_cache_destroy(mrc_cache_t *cache) { mrc::Cache::destroy(to_cache(cache)); }
+// 0.2: refused (MRC_ERR_BUSY, nothing changed) while the application holds a region, or from
+// inside one of the cache's callbacks.
+mrc_status_t mrc_cache_destroy_v2(mrc_cache_t *cache) {
+  if (cache == nullptr) return MRC_ERR_INVALID;
+  return mrc::Cache::destroy(to_cache(cache), /*refuse_held=*/true);
+}
+
+// 0.1 returned nothing: regions still held are deregistered anyway (they become invalid). From
+// inside one of the cache's callbacks, where destroying would recurse or deadlock, it logs an
+// error and leaves the cache alone.
+void mrc_cache_destroy_v0(mrc_cache_t *cache) {
+  if (cache == nullptr) return;
+  if (mrc::Cache::destroy(to_cache(cache), /*refuse_held=*/false) != MRC_OK) {
+    MRC_LOG_ERROR(
+        "cache {}: mrc_cache_destroy called from inside one of the cache's callbacks; the cache "
+        "was not destroyed",
+        to_cache(cache)->name());
+  }
+}
 
 mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
                      mrc_region_t **out) {
@@ -210,7 +232,7 @@ unsigned mrc_region_prot(const mrc_region_t *region) {
 mrc_status_t mrc_cache_stats_sized(mrc_cache_t *cache, mrc_stats_t *stats, size_t size) {
   if (cache == nullptr || stats == nullptr || size < MRC_STATS_SIZE_0_1) return MRC_ERR_INVALID;
   mrc_stats_t all{};
-  to_cache(cache)->stats(&all);
+  if (const mrc_status_t status = to_cache(cache)->stats(&all); status != MRC_OK) return status;
   mrc::sized_output_copy(stats, size, &all, sizeof all);
   return MRC_OK;
 }
@@ -227,8 +249,7 @@ int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len) {
 
 mrc_status_t mrc_cache_purge(mrc_cache_t *cache) {
   if (cache == nullptr) return MRC_ERR_INVALID;
-  to_cache(cache)->purge(true);
-  return MRC_OK;
+  return to_cache(cache)->purge(true);
 }
 
 }  // extern "C"

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <new>
 
 #include "backends/backends.h"
@@ -79,10 +78,40 @@ Cache::~Cache() {
   if (subscription_ != nullptr) uffd::unsubscribe(subscription_);
 }
 
-void Cache::destroy(Cache *cache) noexcept {
-  if (cache == nullptr) return;
+bool Cache::held_locked() noexcept {
+  unpark_all_locked();  // parked references are the cache's own, not the application's
+  for (Region *region = live_head_; region != nullptr; region = region->live_next) {
+    const uint64_t count = region->refcount.load(std::memory_order_acquire);
+    if ((count & Region::kDead) != 0) continue;  // deferred, batched or finished: no holder
+    if (count > (region->has(Region::kInTable) ? 1U : 0U)) return true;
+  }
+  return false;
+}
+
+mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
+  if (cache == nullptr) return MRC_OK;
+  // From its reg (under mutex_), a dereg or an invalidate callback, or a callback its own destroy
+  // runs: destroying would deadlock, recurse, or free the cache under the code that called back.
+  if (inside_any(cache)) return MRC_ERR_BUSY;
+  if (refuse_held) {
+    bool held = false;
+    Region *deferred = nullptr;
+    {
+      Lock lock(*cache);
+      if (!lock.acquire()) return MRC_ERR_BUSY;
+      held = cache->held_locked();
+      deferred = cache->take_deferred_locked();
+    }
+    cache->finish_all(deferred);
+    if (held) return MRC_ERR_BUSY;
+  }
+  // The callbacks destroy runs (deregistrations batched by max_unreleased, regions still held for
+  // the 0.1 call) find the cache being destroyed: a get from them is refused (get_slow).
+  InsideScope scope(cache, Inside::Destroy);
   CacheRegistry::remove(cache);
-  cache->purge(true);  // reclaims every parked reference too: only cached regions are parked
+  // Reclaims every parked reference too: only cached regions are parked. Never refused here
+  // (inside Destroy it waits for mutex_).
+  MRC_CHECK(cache->purge(true) == MRC_OK);
   for (const ParkingLine &line : cache->parking_) {
     for (const std::atomic<Region *> &slot : line.parked) {
       MRC_DASSERT(slot.load(std::memory_order_relaxed) == nullptr);
@@ -93,7 +122,8 @@ void Cache::destroy(Cache *cache) noexcept {
   size_t in_use = 0;
   Region *leftover = nullptr;
   {
-    std::lock_guard lock(cache->mutex_);
+    Lock lock(*cache);
+    MRC_CHECK(lock.acquire(/*wait=*/true));
     cache->reap_finished_locked();
     leftover = cache->live_head_;
   }
@@ -103,7 +133,8 @@ void Cache::destroy(Cache *cache) noexcept {
     cache->finish(region);  // pushes it on finished_; the live list is walked, not changed
   }
   {
-    std::lock_guard lock(cache->mutex_);
+    Lock lock(*cache);
+    MRC_CHECK(lock.acquire(/*wait=*/true));
     cache->reap_finished_locked();
     cache->retire_batch_locked();
   }
@@ -124,6 +155,7 @@ void Cache::destroy(Cache *cache) noexcept {
     }
   }
   delete cache;
+  return MRC_OK;
 }
 
 }  // namespace mrc

@@ -6,14 +6,16 @@
 #include "core/cache/cache.h"
 
 #include <atomic>
-#include <mutex>
 
 namespace mrc {
 
+// Skipped when mutex_ cannot be taken here (a put from inside a reg): the next miss or trim
+// evicts instead (SYNCHRONIZATION, "Over the bound").
 void Cache::trim() noexcept {
   Region *deferred = nullptr;
   {
-    std::lock_guard lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire()) return;
     evict_locked();
     deferred = take_deferred_locked();
   }
@@ -54,8 +56,9 @@ void Cache::evict_locked() noexcept {
   }
 }
 
-// Evicts every cached region no one holds; returns how many. Their deregistration runs at once
-// (not after the lock) because the caller retries a registration that needs the resources.
+// Evicts every cached region no one holds; returns how many. They go on deferred_ like any
+// removal: deregistered after the lock (no dereg runs under mutex_), before the caller retries
+// the registration that needs the resources (get_slow).
 size_t Cache::evict_unused_locked() noexcept {
   unpark_all_locked();  // out of resources: what is only parked is not in use
   size_t evicted = 0;
@@ -69,17 +72,6 @@ size_t Cache::evict_unused_locked() noexcept {
       ++evicted;
     }
     region = lru_hand_ != nullptr ? next : nullptr;
-  }
-  Region *deferred = deferred_;
-  deferred_ = nullptr;
-  while (deferred != nullptr) {
-    Region *next = deferred->gc_next;
-    if (deferred->has(Region::kRegistered) && !deferred->has(Region::kForgotten)) {
-      end_registration(deferred, true);
-    }
-    deferred->gc_next = deferred_;  // the rest of finish() runs after the lock
-    deferred_ = deferred;
-    deferred = next;
   }
   return evicted;
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 
 #include "base/epoch.h"
 #include "base/pagemap.h"
@@ -179,7 +178,8 @@ bool Cache::verify_pfns(Region *region) noexcept {
                 region->start, region->end);
   Region *deferred = nullptr;
   {
-    std::lock_guard lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire()) return false;  // the slow path then says why (MRC_ERR_BUSY)
     if (region->has(Region::kInTable)) {
       ++slow_.invalidations;
       remove_locked(region);

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "core/cache/cache.h"
+#include "core/cache/reentry.h"
 
 namespace mrc {
 
@@ -39,17 +40,28 @@ void CacheRegistry::remove(Cache *cache) {
   }
 }
 
+// A fork from inside a reg (the forking thread holds that cache's mutex_, reentry.h) leaves that
+// mutex alone: the thread that holds it goes on in both processes and releases it when its get
+// ends, and purging that cache would need it. Purges come before any cache mutex is taken: they
+// run deregistrations, which may call any cache.
 void CacheRegistry::prepare() {
   mutex().lock();
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0) cache->purge(true);
-    cache->mutex_.lock();
+    cache->fork_held_ = inside(cache, Inside::Lock);
+    // Best effort: refused only where waiting could deadlock (Cache::Lock::acquire).
+    if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0 && !cache->fork_held_) {
+      (void)cache->purge(true);
+    }
+  }
+  for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
+    if (!cache->fork_held_) cache->mutex_.lock();
   }
 }
 
 void CacheRegistry::after() {
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    cache->mutex_.unlock();
+    if (!cache->fork_held_) cache->mutex_.unlock();
+    cache->fork_held_ = false;
   }
   mutex().unlock();
 }

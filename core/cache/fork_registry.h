@@ -2,8 +2,9 @@
 // destruction; pthread_atfork handlers walk it.
 //
 // SYNCHRONIZATION: the list is guarded by CacheRegistry::mutex(). prepare() takes it, then
-// every cache's mutex_, and the parent and child handlers release them; see cache.h for
-// mutex_ and docs/DESIGN.md ("Fork handlers") for the order of handlers.
+// every cache's mutex_ but the one the forking thread holds (a fork inside reg: Cache::fork_held_),
+// and the parent and child handlers release them; see cache.h for mutex_ and docs/DESIGN.md
+// ("Fork handlers", "The C API contract") for the order of handlers and fork from user code.
 #pragma once
 
 #include <mutex>

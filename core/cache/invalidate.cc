@@ -4,7 +4,6 @@
 // SYNCHRONIZATION: see cache.h
 #include "core/cache/cache.h"
 
-#include <mutex>
 #include <new>
 
 namespace mrc {
@@ -20,7 +19,17 @@ mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) 
     if (callback == nullptr) return MRC_ERR_NO_MEMORY;
   }
   {
-    std::lock_guard lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire()) {
+      delete callback;
+      return MRC_ERR_BUSY;
+    }
+    // A region whose count ended is being finished (its callbacks may be running: this one would
+    // never run) or is gone: no handle of the caller's.
+    if ((region->refcount.load(std::memory_order_acquire) & Region::kDead) != 0) {
+      delete callback;
+      return MRC_ERR_INVALID;
+    }
     if (callback != nullptr) {
       callback->next = region->callbacks;
       region->callbacks = callback;

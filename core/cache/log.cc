@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include <pthread.h>
 
@@ -48,9 +49,54 @@ const char *level_name(mrc_log_level_t level) noexcept {
   return "?";
 }
 
+// Messages logged while this thread holds a cache lock (defer_begin).
+struct Deferred {
+  unsigned depth;
+  unsigned count;
+  unsigned lost;
+  mrc_log_level_t levels[kDeferredMax];
+  char texts[kDeferredMax][kDeferredLength];
+};
+constinit thread_local Deferred tls_deferred{};
+
+void emit_now(mrc_log_level_t level, const char *message) noexcept {
+  Handler handler;
+  {
+    std::lock_guard lock(g_handler_mutex);
+    handler = g_handler;
+  }
+  if (handler.fn != nullptr) {
+    handler.fn(handler.arg, level, message);
+    return;
+  }
+  std::fprintf(stderr, "mrcache %s: %s\n", level_name(level), message);
+}
+
 }  // namespace
 
 std::atomic<int> g_level{initial_level()};
+
+void defer_begin() noexcept { ++tls_deferred.depth; }
+
+// The buffer is emptied before any handler runs: a handler may log (emitted at once, depth is
+// zero) or call into a cache, whose own deferral then flushes only what it logged.
+void defer_end() noexcept {
+  Deferred &deferred = tls_deferred;
+  if (--deferred.depth != 0) return;
+  if (deferred.count == 0 && deferred.lost == 0) return;
+  const unsigned count = std::exchange(deferred.count, 0U);
+  const unsigned lost = std::exchange(deferred.lost, 0U);
+  mrc_log_level_t levels[kDeferredMax];
+  char texts[kDeferredMax][kDeferredLength];
+  std::memcpy(levels, deferred.levels, count * sizeof levels[0]);
+  std::memcpy(texts, deferred.texts, count * sizeof texts[0]);
+  for (unsigned i = 0; i < count; ++i) emit_now(levels[i], texts[i]);
+  if (lost != 0) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%u message(s) logged under a cache lock were dropped", lost);
+    emit_now(MRC_LOG_WARN, text);
+  }
+}
 
 bool parse_level(const char *text, mrc_log_level_t *out) noexcept {
   static constexpr const char *kNames[] = {"error", "warn", "info", "debug", "trace"};
@@ -64,16 +110,18 @@ bool parse_level(const char *text, mrc_log_level_t *out) noexcept {
 }
 
 void emit(mrc_log_level_t level, const char *message) noexcept {
-  Handler handler;
-  {
-    std::lock_guard lock(g_handler_mutex);
-    handler = g_handler;
-  }
-  if (handler.fn != nullptr) {
-    handler.fn(handler.arg, level, message);
+  Deferred &deferred = tls_deferred;
+  if (deferred.depth == 0) {
+    emit_now(level, message);
     return;
   }
-  std::fprintf(stderr, "mrcache %s: %s\n", level_name(level), message);
+  if (deferred.count == kDeferredMax) {
+    ++deferred.lost;
+    return;
+  }
+  deferred.levels[deferred.count] = level;
+  std::snprintf(deferred.texts[deferred.count], kDeferredLength, "%s", message);
+  ++deferred.count;
 }
 
 }  // namespace mrc::log

@@ -3,6 +3,11 @@
 // SYNCHRONIZATION: the level is a relaxed atomic read on every log call; the handler is copied
 // under a mutex before it is called (outside the mutex, so a handler may log).
 // Never call these from the monitor thread: formatting allocates.
+//
+// No handler runs under a cache lock (docs/DESIGN.md, "The C API contract", "User code"): while
+// a thread holds one (defer_begin, by Cache::Lock), its messages wait in a small buffer of its
+// own and are handed to the handler when the last deferral ends, after the unlock. So a handler
+// may call any mrc_* function, or fork.
 #pragma once
 
 #include <fmt/format.h>
@@ -20,6 +25,15 @@ inline bool enabled(mrc_log_level_t level) noexcept {
 }
 
 void emit(mrc_log_level_t level, const char *message) noexcept;
+// Between defer_begin and its defer_end (nested: the outermost pair counts) this thread's
+// messages are kept (up to kDeferredMax, each cut to kDeferredLength bytes; beyond that they are
+// counted and one line says how many were lost) and handed to the handler by the outermost
+// defer_end. Thread-local only: no lock.
+void defer_begin() noexcept;
+void defer_end() noexcept;
+inline constexpr unsigned kDeferredMax = 8;
+inline constexpr size_t kDeferredLength = 256;
+
 // Parses "error|warn|info|debug|trace" or a digit; false on anything else.
 bool parse_level(const char *text, mrc_log_level_t *out) noexcept;
 

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 
 #include "base/check.h"
@@ -21,7 +20,8 @@ namespace mrc {
 // slot is exclusive (it has a line). A second thread's promotion makes every thread an owner.
 void Cache::promote(Region *region) noexcept {
   const unsigned me = this_thread_slot().index;
-  std::lock_guard lock(mutex_);
+  Lock lock(*this);
+  if (!lock.acquire()) return;  // promoted at a later streak
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed)) != Region::kInTable) return;
   if ((flags & Region::kParkable) == 0) {

@@ -76,8 +76,8 @@
 //  Deferred       live list, and deferred_ (mutex_,  count kDead (no flag tells Deferred,
 //                 through gc_next)                   Batched and Finished apart: the stack does)
 //    -> Finished: the mutex_ holder takes the stack (take_deferred_locked) and finishes each
-//       region after unlocking (finish_all). evict_unused_locked deregisters them at once,
-//       under mutex_ (end_registration), and leaves the rest of finish for after the lock.
+//       region after unlocking (finish_all). A put from inside the backend's reg (which runs
+//       under mutex_) that drops a last reference defers the region too (release_last).
 //
 //  Batched        live list, and dereg_batch_ (lock- count kDead; kRegistered, not kForgotten;
 //                 free stack through gc_next; its    kUnreleased (set by release_last for an
@@ -114,10 +114,12 @@
 // - Invalidate callbacks (mrc_invalidate). invalidate (mutex_) chains one on `callbacks` of a
 //   Cached, Parkable, Invalidated or Uncached region (a Failed one is refused) and removes the
 //   region from the table; finish runs them after the deregistration.
-// - destroy. purge(true), finish_dereg_batch and a reap leave on the live list only the regions
-//   the application still holds (Invalidated, Uncached); each is forced to kDead and finished
-//   (deregistered anyway), then reaped and retired; after the epoch domain's synchronize, Free
-//   storage is deleted.
+// - destroy. The 0.2 call first refuses (nothing changed) while the application holds a region
+//   (held_locked, after taking parked references back). purge(true), finish_dereg_batch and a
+//   reap leave on the live list only the regions the application still holds (Invalidated,
+//   Uncached; only for the 0.1 call); each is forced to kDead and finished (deregistered
+//   anyway), then reaped and retired; after the epoch domain's synchronize, Free storage is
+//   deleted.
 #pragma once
 
 #include <atomic>

@@ -7,7 +7,9 @@
 #include "core/cache/cache.h"
 
 #include <atomic>
+#include <utility>
 
+#include "base/check.h"
 #include "base/epoch.h"
 
 namespace mrc {
@@ -17,6 +19,12 @@ void Cache::release(Region *region) noexcept {
 }
 
 void Cache::release_last(Region *region) noexcept {
+  if (inside(this, Inside::Lock)) {
+    // A put from inside a reg: the region is finished after the unlock by this thread, which
+    // takes deferred_ before it unlocks (get_slow), never under mutex_.
+    defer_locked(region);
+    return;
+  }
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   if (max_unreleased_ != 0 && (flags & Region::kRegistered) != 0 &&
       (flags & Region::kForgotten) == 0) {
@@ -82,9 +90,11 @@ void Cache::finish_all(Region *list) noexcept {
 }
 
 // Deregisters (unless `deregister` is false: a fork child forgets what the parent owns). By the
-// region's only owner: under mutex_ for deferred regions, or the finishing thread.
+// region's only owner, the finishing thread, never under mutex_.
 void Cache::end_registration(Region *region, bool deregister) noexcept {
   if (deregister) {
+    MRC_DASSERT(!inside(this, Inside::Lock));
+    InsideScope scope(this, Inside::Callback);
     backend_.dereg(backend_ctx_, region->handle);
     hot_.add(Counter::Deregistrations);
   }
@@ -100,13 +110,19 @@ void Cache::finish(Region *region) noexcept {
   const bool forgotten = (flags & Region::kForgotten) != 0;
   if ((flags & Region::kUnreleased) != 0) hot_.add(Counter::ReleasedBytes, region->length());
   if ((flags & Region::kRegistered) != 0) end_registration(region, !forgotten);
-  for (InvalidateCallback *callback = region->callbacks; callback != nullptr;) {
-    InvalidateCallback *next = callback->next;
-    callback->done(callback->arg);
-    delete callback;
-    callback = next;
+  // Taken off the region first: nothing can add one now (invalidate refuses a region whose count
+  // ended), and a callback that destroys the cache is refused (Inside::Callback).
+  InvalidateCallback *callback = std::exchange(region->callbacks, nullptr);
+  if (callback != nullptr) {
+    MRC_DASSERT(!inside(this, Inside::Lock));
+    InsideScope scope(this, Inside::Callback);
+    while (callback != nullptr) {
+      InvalidateCallback *next = callback->next;
+      callback->done(callback->arg);
+      delete callback;
+      callback = next;
+    }
   }
-  region->callbacks = nullptr;
   delete[] region->pfns;
   region->pfns = nullptr;
   // The last write: a reaper may retire it once it is on the stack. Release: pairs with the

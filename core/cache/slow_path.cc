@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <mutex>
 #include <new>
 
 #include "base/check.h"
@@ -59,6 +58,9 @@ bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                              uffd::Subscription::Unmaps unmaps, Region **out) noexcept {
+  // A backend's reg calling back holds mutex_ already; a callback that destroy runs would start
+  // a registration destroy never ends (docs/DESIGN.md, "The C API contract", "User code").
+  if (inside(this, Inside::Lock) || inside(this, Inside::Destroy)) return MRC_ERR_BUSY;
   // An unmap in flight may have freed this memory before it was mapped again: wait until the
   // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
   // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table
@@ -67,50 +69,54 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
     hot_.add(Counter::UnmapWaits);
     unmaps = subscription_->settle_unmaps();
   }
+  const bool trusted = unmaps == uffd::Subscription::Unmaps::Read;
+  if (unmaps == uffd::Subscription::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
-  Region *deferred = nullptr;
-  if (unmaps != uffd::Subscription::Unmaps::Read) {
-    if (unmaps == uffd::Subscription::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
+  // Twice at most: when the backend ran out of resources and unused regions were evicted, their
+  // deregistration runs after the unlock (never under mutex_), and the get starts again.
+  for (bool first = true;; first = false) {
+    bool evicted = false;
+    Region *deferred = nullptr;
     {
-      std::lock_guard lock(mutex_);
-      ++slow_.gets_slow;
-      ++slow_.misses;
-      status = register_locked(start, end, align_mask, prot, /*cacheable=*/false, &hit);
+      Lock lock(*this);
+      if (!lock.acquire()) return MRC_ERR_BUSY;
+      if (first) ++slow_.gets_slow;
+      if (!trusted) {
+        if (first) ++slow_.misses;
+        status = register_locked(start, end, align_mask, prot, /*cacheable=*/false,
+                                 first ? &evicted : nullptr, &hit);
+      } else {
+        // Finished regions wait a few slow paths (deregistered already; only their memory and
+        // their watches wait): one exchange then takes them all.
+        if (first && slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
+        drain_locked();
+        status = MRC_OK;
+        auto *region = static_cast<Region *>(table_.lookup(start));
+        if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
+            ((region->start | region->end) & align_mask) == 0) {
+          if (region->has(Region::kFailed)) {
+            // A remembered failure: the memory has not changed since (no event removed it).
+            ++slow_.registration_failures;
+            status = region->failure;
+          } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
+            region->referenced.store(true, std::memory_order_relaxed);
+            ++slow_.hits_slow;
+            hit = region;
+          }
+        }
+        if (status == MRC_OK && hit == nullptr) {
+          if (first) ++slow_.misses;
+          status = register_locked(start, end, align_mask, prot, /*cacheable=*/true,
+                                   first ? &evicted : nullptr, &hit);
+        }
+      }
       deferred = take_deferred_locked();
     }
     finish_all(deferred);
-    if (status == MRC_OK) *out = hit;
-    return status;
+    if (!evicted) break;
   }
-  {
-    std::lock_guard lock(mutex_);
-    ++slow_.gets_slow;
-    // Finished regions wait a few slow paths (deregistered already; only their memory and their
-    // watches wait): one exchange then takes them all.
-    if (slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
-    drain_locked();
-    auto *region = static_cast<Region *>(table_.lookup(start));
-    if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
-        ((region->start | region->end) & align_mask) == 0) {
-      if (region->has(Region::kFailed)) {
-        // A remembered failure: the memory has not changed since (no event removed it).
-        ++slow_.registration_failures;
-        status = region->failure;
-      } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
-        region->referenced.store(true, std::memory_order_relaxed);
-        ++slow_.hits_slow;
-        hit = region;
-      }
-    }
-    if (status == MRC_OK && hit == nullptr) {
-      ++slow_.misses;
-      status = register_locked(start, end, align_mask, prot, /*cacheable=*/true, &hit);
-    }
-    deferred = take_deferred_locked();
-  }
-  finish_all(deferred);
-  finish_dereg_batch();
+  if (trusted) finish_dereg_batch();
   if (status == MRC_OK) *out = hit;
   return status;
 }
@@ -190,22 +196,26 @@ void Cache::purge_locked(bool deregister) noexcept {
   }
 }
 
-void Cache::purge(bool deregister) noexcept {
+mrc_status_t Cache::purge(bool deregister) noexcept {
   Region *deferred = nullptr;
   {
-    std::lock_guard lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire(/*wait=*/inside(this, Inside::Destroy))) return MRC_ERR_BUSY;
     purge_locked(deregister);
     deferred = take_deferred_locked();
   }
   finish_all(deferred);
   // Nothing left waiting: every purged range unwatched, every region handed to the epoch domain.
-  std::lock_guard lock(mutex_);
+  Lock lock(*this);
+  if (!lock.acquire(/*wait=*/inside(this, Inside::Destroy))) return MRC_OK;  // at the next reap
   reap_finished_locked();
   retire_batch_locked();
+  return MRC_OK;
 }
 
 mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
-                                    unsigned prot, bool cacheable, Region **out) noexcept {
+                                    unsigned prot, bool cacheable, bool *evicted,
+                                    Region **out) noexcept {
   // Merge with every overlapping or adjacent region whose protection the memory allows. A union
   // is rounded out to the requested alignment (regions are aligned only to alignment_), which
   // may reach further regions: the loop runs until nothing changes.
@@ -252,6 +262,10 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     if (!changed) break;
   }
 
+  // The region's storage first: a registration that found none would need a dereg under
+  // mutex_, where no backend call but reg runs.
+  Region *region = allocate_region_locked();
+  if (region == nullptr) return MRC_ERR_NO_MEMORY;
   // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
   bool watched = cacheable &&
                  uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
@@ -259,11 +273,13 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   uint64_t key = 0;
   mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
                                      merged_end - merged_start, merged_prot, &handle, &key);
-  if (status == MRC_ERR_NO_MEMORY && evict_unused_locked() != 0) {
-    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): give back what no
-    // one uses and try once more.
-    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
-                          merged_end - merged_start, merged_prot, &handle, &key);
+  if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
+    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left
+    // the table; the caller deregisters it after the lock and tries once more.
+    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
+    free_region_locked(region);
+    *evicted = true;
+    return status;
   }
   if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
     MRC_LOG_DEBUG(
@@ -279,12 +295,6 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
                           &key);
   }
 
-  Region *region = allocate_region_locked();
-  if (region == nullptr) {
-    if (status == MRC_OK) backend_.dereg(backend_ctx_, handle);
-    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
-    return MRC_ERR_NO_MEMORY;
-  }
   region->start = merged_start;
   region->end = merged_end;
   region->prot = merged_prot;

@@ -8,27 +8,27 @@
 #include <atomic>
 #include <cstring>
 #include <iterator>
-#include <mutex>
 
 #include <fmt/format.h>
 
 namespace mrc {
 
-void Cache::stats(mrc_stats_t *out) noexcept {
+mrc_status_t Cache::stats(mrc_stats_t *out) noexcept {
   SlowStats slow{};
   mrc_stats_t stats{};
   uint64_t ended_bytes = 0;
   uint64_t released_bytes = 0;
   uint64_t unreleased_uncached = 0;
   {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire()) return MRC_ERR_BUSY;
     // True when read: an unmap that returned before this call is applied and counted now (like
     // a slow path would), and what it released is deregistered before the figures are taken.
     drain_locked();
     if (Region *deferred = take_deferred_locked(); deferred != nullptr) {
-      lock.unlock();  // deregistration never runs under mutex_
+      lock.release();  // deregistration never runs under mutex_
       finish_all(deferred);
-      lock.lock();
+      if (!lock.acquire()) return MRC_ERR_BUSY;
     }
     // The sharded sums under the lock too: what they subtract was then added before (under the
     // lock), so the differences never go below zero.
@@ -58,14 +58,16 @@ void Cache::stats(mrc_stats_t *out) noexcept {
   const uint64_t unreleased = slow.unreleased_bytes + unreleased_uncached;
   stats.unreleased_bytes = unreleased > released_bytes ? unreleased - released_bytes : 0;
   *out = stats;
+  return MRC_OK;
 }
 
 int Cache::stats_json(char *buffer, size_t length) noexcept {
   mrc_stats_t s{};
-  stats(&s);
+  if (const mrc_status_t status = stats(&s); status != MRC_OK) return status;
   uint64_t histogram[64];
   {
-    std::lock_guard lock(mutex_);
+    Lock lock(*this);
+    if (!lock.acquire()) return MRC_ERR_BUSY;
     std::memcpy(histogram, slow_.size_histogram, sizeof histogram);
   }
   fmt::memory_buffer text;

@@ -71,7 +71,8 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * it does not hold, a get may return the previous owner's registration for new memory at the
  * same address, which a NIC then reads and writes.
  *
- * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork.
+ * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork
+ * (except for a fork from inside this cache's backend reg, which holds the lock a purge needs).
  * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration. */
 enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNMAPS = 4 };
 
@@ -91,9 +92,17 @@ enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNM
  * reg:      register [addr, addr+len) for at least `prot`; on success set *handle and *key and
  *           return MRC_OK. May be called from any application thread, concurrently with other
  *           reg/dereg calls of the same backend unless the backend's context says otherwise.
- *           Never called from the monitor thread.
- * dereg:    release a handle returned by reg. Runs on any thread except the monitor's; may
- *           munmap its own memory.
+ *           Never called from the monitor thread. It runs under the calling cache's lock: calls
+ *           back into that cache which need the lock return MRC_ERR_BUSY instead of deadlocking
+ *           (a get that misses, mrc_invalidate, mrc_cache_stats(_json), mrc_cache_purge,
+ *           mrc_cache_destroy); a get that hits and mrc_put work (a region a put ends is
+ *           deregistered after the lock). Calls on another cache work, but return MRC_ERR_BUSY
+ *           when that cache's lock is held at that moment (two regs, each calling the other's
+ *           cache, would otherwise wait for each other). reg may fork: the child goes on as any
+ *           fork child (its caches forget what they inherited).
+ * dereg:    release a handle returned by reg. Runs on any thread except the monitor's, never
+ *           under a cache lock: it may call any mrc_* function but mrc_cache_destroy of its own
+ *           cache (MRC_ERR_BUSY), and may munmap its own memory.
  * describe: optional (NULL = not supported); writes a human-readable description of the
  *           registration (keys, device) into buf and returns the length snprintf would. */
 typedef struct mrc_backend {
@@ -146,8 +155,14 @@ MRC_API mrc_status_t mrc_cache_params_init_checked(mrc_cache_params_t *params, c
                                                    size_t errlen);
 /* MRC_ERR_INVALID for a struct_size outside the rule at the top of this file. */
 MRC_API mrc_status_t mrc_cache_create(const mrc_cache_params_t *params, mrc_cache_t **out);
-/* Deregisters everything still registered. Regions still referenced become invalid. */
-MRC_API void mrc_cache_destroy(mrc_cache_t *cache);
+/* Deregisters everything registered and frees the cache. MRC_ERR_BUSY, and nothing changed,
+ * while the application still holds a region of this cache (a reference from mrc_get not yet
+ * put, a registered segment not yet closed: mrc_seg_register) and when called from inside one of
+ * this cache's callbacks (its backend's reg or dereg, an invalidate callback); MRC_ERR_INVALID
+ * for NULL. A program built against 0.1 calls the 0.1 version (void): it deregisters regions
+ * still held anyway (they become invalid: they are not used again), and from inside a callback
+ * it logs an error and leaves the cache alone. */
+MRC_API mrc_status_t mrc_cache_destroy(mrc_cache_t *cache);
 
 /* A region covering [addr, addr+len) with at least `prot`, one reference held.
  *
@@ -168,7 +183,12 @@ MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len,
                                      unsigned prot, mrc_region_t **out);
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);
 /* Drop `region` from the cache now; done(arg) runs once after its deregistration (after the
- * last mrc_put when it is in use). The caller's reference, if any, stays the caller's. */
+ * last mrc_put when it is in use). The caller's reference, if any, stays the caller's.
+ * done runs on the thread of that last put (or of the get, purge or destroy that ended the
+ * region), never under a cache lock: it may call any mrc_* function, except mrc_cache_destroy of
+ * this cache (MRC_ERR_BUSY). A region whose last reference is gone (inside its own done, say) is
+ * refused with MRC_ERR_INVALID; a callback that mrc_cache_destroy runs cannot get a new region
+ * of the cache being destroyed (MRC_ERR_BUSY). */
 MRC_API mrc_status_t mrc_invalidate(mrc_cache_t *cache, mrc_region_t *region, void (*done)(void *),
                                     void *arg);
 
@@ -204,7 +224,10 @@ MRC_API const char *mrc_version(void);
 MRC_API const char *mrc_last_error(void);
 
 /* Logging: levels as in MRC_LOG_LEVEL (error, warn, info, debug, trace). The callback runs on
- * the thread that logs (never the monitor thread); NULL restores the default (stderr). */
+ * the thread that logs (never the monitor thread), never under a cache lock: a message logged
+ * under one is handed over after the unlock (up to 8 per lock hold, each cut to 255 bytes; one
+ * more line counts those dropped). So it may call any mrc_* function, or fork. NULL restores the
+ * default (stderr). */
 typedef enum {
   MRC_LOG_ERROR = 0,
   MRC_LOG_WARN = 1,

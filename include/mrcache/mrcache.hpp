@@ -52,25 +52,33 @@ class RegionRef {
   mrc_region_t *region_ = nullptr;
 };
 
-// Owns an mrc_cache_t; destroys it (deregistering everything) when destroyed.
+// Owns an mrc_cache_t; destroys it (deregistering everything) when destroyed. mrc_cache_destroy
+// refuses (MRC_ERR_BUSY) while a region of the cache is still held (a RegionRef, a registered
+// segment): reset() then keeps the cache, so it can be called again once they are released, and
+// the destructor leaves the cache alive and unowned (leaked, never freed under a RegionRef that
+// outlives this owner; such a RegionRef still puts its region safely).
 class Cache {
  public:
   Cache() noexcept = default;
   Cache(Cache &&other) noexcept : cache_(std::exchange(other.cache_, nullptr)) {}
+  // The cache owned before is destroyed, or left alive unowned when that is refused (above).
   Cache &operator=(Cache &&other) noexcept {
     if (this != &other) {
-      reset();
+      if (reset() != MRC_OK) release();
       cache_ = std::exchange(other.cache_, nullptr);
     }
     return *this;
   }
   Cache(const Cache &) = delete;
   Cache &operator=(const Cache &) = delete;
-  ~Cache() { reset(); }
+  ~Cache() {
+    if (reset() != MRC_OK) release();
+  }
 
-  // Creates a cache from params (default: mrc_cache_params_init's).
+  // Creates a cache from params (default: mrc_cache_params_init's). MRC_ERR_BUSY when the cache
+  // owned before cannot be destroyed yet (reset()).
   [[nodiscard]] mrc_status_t open(const mrc_cache_params_t *params = nullptr) noexcept {
-    reset();
+    if (const mrc_status_t status = reset(); status != MRC_OK) return status;
     mrc_cache_params_t defaults;
     if (params == nullptr) {
       mrc_cache_params_init(&defaults);
@@ -78,10 +86,16 @@ class Cache {
     }
     return mrc_cache_create(params, &cache_);
   }
-  void reset() noexcept {
-    if (cache_ != nullptr) mrc_cache_destroy(cache_);
-    cache_ = nullptr;
+  // Destroys the cache (MRC_OK, nothing owned any more), or keeps owning it when mrc_cache_destroy
+  // refuses (MRC_ERR_BUSY: a region is still held).
+  [[nodiscard]] mrc_status_t reset() noexcept {
+    if (cache_ == nullptr) return MRC_OK;
+    const mrc_status_t status = mrc_cache_destroy(cache_);
+    if (status == MRC_OK) cache_ = nullptr;
+    return status;
   }
+  // Gives the cache up without destroying it; the caller owns the result.
+  mrc_cache_t *release() noexcept { return std::exchange(cache_, nullptr); }
 
   [[nodiscard]] mrc_status_t get(void *address, size_t length, unsigned prot,
                                  RegionRef *out) noexcept {

@@ -296,6 +296,23 @@ int main(void) {
   }
   CHECK(canary_intact(p.canary, sizeof p.canary));
 
+  /* 0.1's mrc_cache_destroy destroys a cache whose region is still held (0.2's refuses): the
+   * registration ends with it. */
+  {
+    mrc_cache_params_init(&p.params);
+    p.params.backend = &c.ops;
+    p.params.backend_ctx = &state;
+    mrc_cache_t *held_cache = NULL;
+    CHECK(mrc_cache_create(&p.params, &held_cache) == MRC_OK);
+    mrc_region_t *held = NULL;
+    if (held_cache != NULL) {
+      CHECK(mrc_get(held_cache, mem + 4 * page, page, MRC_PROT_READ, &held) == MRC_OK);
+      const unsigned deregs_before = state.deregs;
+      mrc_cache_destroy(held_cache);
+      CHECK(state.deregs == deregs_before + 1);
+    }
+  }
+
   mrc_cache_destroy(cache);
   CHECK(state.deregs == state.regs);
   munmap(mem, kPages * page);
