@@ -95,6 +95,27 @@ constexpr uint64_t kValues[] = {0,
                                 0xffffffffu,
                                 mrc::seg::kRootMagic};
 
+// Values that depend on where things are in this process: a directory entry whose va_offset
+// points at this process's own memory (its data, its heap) instead of the window, or whose
+// page count reaches the top of user space. A peer can compute them as easily (addresses are
+// shared: the window sits at the same place everywhere).
+alignas(4096) char g_own_data[4096];
+
+uint64_t dynamic_value(unsigned index, const RootHeader *root) {
+  static char *const heap = new char[1 << 20];  // lives as long as the process
+  const uint64_t base = root->base;
+  const uint64_t page = mrc::seg::kVaPageSize;
+  switch (index % 4) {
+    case 0: return (reinterpret_cast<uintptr_t>(g_own_data) & ~(page - 1)) - base;
+    case 1: return (reinterpret_cast<uintptr_t>(heap) & ~(page - 1)) - base;
+    case 2: {  // pages from the first segment's start to just below the top of user space
+      const uint64_t start = base + root->segments[0].va_offset;
+      return start < (uint64_t{1} << 47) ? ((uint64_t{1} << 47) - start) / page - 1 : 0;
+    }
+    default: return root->size;  // the first byte past the window
+  }
+}
+
 std::string file_of(const std::string &prefix, const char *suffix) {
   DIR *dir = opendir("/dev/shm");
   std::string found;
@@ -190,7 +211,9 @@ void corrupt(fuzz::Input &in, char *root, size_t root_size, char *seg, size_t se
     const size_t end = t.offset + t.length < file_size ? t.offset + t.length : file_size;
     if ((op & 0x80) != 0) {  // a chosen 64-bit value at an 8-byte aligned offset
       const size_t at = offset & ~size_t{7};
-      const uint64_t value = kValues[op & 15];
+      const unsigned index = op & 31u;
+      const uint64_t value =
+          index < 16 ? kValues[index] : dynamic_value(index, reinterpret_cast<RootHeader *>(root));
       if (at >= t.offset && at + 8 <= end) std::memcpy(base + at, &value, 8);
     } else {  // raw bytes
       const size_t len = 1 + (op & 15);
