@@ -101,7 +101,7 @@ for t in "${targets[@]}"; do
     "$corpus" >"$log" 2>&1 || status=$?
   clean_shm
   # The last progress line (cov: edges, ft: features, corp: inputs) and the final statistics.
-  last=$(grep -E '^#[0-9]+ .*cov: ' "$log" | tail -n 1 || true)
+  last=$(grep -E '^#[0-9]+[[:space:]].*cov: ' "$log" | tail -n 1 || true)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   cov=$(sed -E -n 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/\1 edges, \2 features, corpus \3/p' \

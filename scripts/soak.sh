@@ -53,21 +53,25 @@ stress=$mrc_build_dir/tools/stress/mrcache-stress
 
 # name|environment|arguments: the rotation. The default mix has every mutation but fork, which
 # --fork-rate drives.
-configs=(
-  "exact||"
-  "fast||--fast"
-  "inject-forks||--fail-rate 0.05 --fork-rate 4"
-  "missing|MRC_MONITOR=missing|"
-  "hot-nested||--hot-rate 0.5 --nest-rate 0.5 --invalidate-rate 0.05 --mix remap=4,move=2,shrink=2,grow=2,unmap-tail=2,dontneed=3,free=2,fixed=3,purge=0.5"
-  "missing-fast-inject|MRC_MONITOR=missing|--fast --fail-rate 0.02 --fork-rate 2"
-)
-# The PFN oracle (null backend): only where the frames are visible (root).
+# The PFN oracle (null backend) only where the frames are visible (root); its runs come early
+# in the rotation, so that a short soak has them too.
+pfn=()
 if "$stress" -q -d 0.2 --backend null --churn 0 >/dev/null 2>&1; then
-  configs+=("pfn||--backend null" "pfn-fast-inject||--backend null --fast --fail-rate 0.1 --fork-rate 2")
+  pfn=("pfn||--backend null" "pfn-fast-inject||--backend null --fast --fail-rate 0.1 --fork-rate 2")
   echo "soak: the PFN oracle works here: null-backend runs included"
 else
   echo "soak: the PFN oracle cannot work here (it needs root for /proc/self/pagemap): io_uring runs only"
 fi
+configs=(
+  "exact||"
+  "${pfn[@]:0:1}"
+  "fast||--fast"
+  "inject-forks||--fail-rate 0.05 --fork-rate 4"
+  "missing|MRC_MONITOR=missing|"
+  "${pfn[@]:1:1}"
+  "hot-nested||--hot-rate 0.5 --nest-rate 0.5 --invalidate-rate 0.05 --mix remap=4,move=2,shrink=2,grow=2,unmap-tail=2,dontneed=3,free=2,fixed=3,purge=0.5"
+  "missing-fast-inject|MRC_MONITOR=missing|--fast --fail-rate 0.02 --fork-rate 2"
+)
 
 json=$(mktemp /tmp/mrcache-soak.XXXXXX.json)
 out=$(mktemp /tmp/mrcache-soak.XXXXXX.log)
