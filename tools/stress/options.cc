@@ -1,6 +1,7 @@
 #include "tools/stress/options.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
