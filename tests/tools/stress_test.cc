@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "mrcache/mrcache.h"
@@ -45,6 +46,67 @@ TEST(StressTool, BadOptionsAreUsageErrors) {
   EXPECT_EQ(run(kStress + " --fast --exact").status, 2);
   EXPECT_EQ(run(kStress + " --churn 17").status, 2);
   EXPECT_EQ(run("MRC_MAX_BYTES=12q " + kStress + " -d 1").status, 2);
+}
+
+// Values CLI11 used to accept (NaN passes CLI::Range; "-1" wraps to 2^64-1 in a uint64_t;
+// infinite mix weights; sizes the machine cannot map): each is a usage error (exit 2) that
+// names its option, never a run (the short -d keeps a run that wrongly starts brief).
+TEST(StressTool, BadNumbersAreUsageErrorsNamingTheOption) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"--shared-fraction nan", "--shared-fraction"},
+      {"--shared-fraction inf", "--shared-fraction"},
+      {"--fail-rate nan", "--fail-rate"},
+      {"--invalidate-rate nan", "--invalidate-rate"},
+      {"--nest-rate nan", "--nest-rate"},
+      {"--hot-rate -nan", "--hot-rate"},
+      {"--fork-rate nan", "--fork-rate"},
+      {"--progress-interval nan", "--progress-interval"},
+      {"--mix remap=inf", "--mix"},
+      {"--mix remap=nan", "--mix"},
+      {"--mix remap=1e300,move=1e300", "--mix"},
+      {"--seed -1", "--seed"},
+      {"--seed 18446744073709551616", "--seed"},
+      {"--max-regions -1", "--max-regions"},
+      {"--max-bytes -1", "--max-bytes"},
+      {"--max-unreleased -1", "--max-unreleased"},
+      {"--churn-size -1", "--churn-size"},
+      {"--min-size -1", "--min-size"},
+      {"--max-size -1", "--max-size"},
+      {"--max-size 15e", "--max-size"},
+      {"--max-size 16777216t", "--max-size"},
+      {"--max-size 2g", "--max-size"},  // io_uring: above the kernel's 1 GiB per buffer
+      {"--mutate-pause -1", "--mutate-pause"},
+      {"--threads 0x4", "--threads"},
+      {"--gid-index -1", "--gid-index"},
+  };
+  for (const auto &[args, option] : cases) {
+    const auto result = run(kStress + " -q -d 0.2 " + args);
+    EXPECT_EQ(result.status, 2) << args << ":\n" << result.output;
+    EXPECT_NE(result.output.find(option), std::string::npos)
+        << args << ": the message does not name " << option << ":\n"
+        << result.output;
+    EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << args << ":\n" << result.output;
+  }
+  // The limits themselves and unit sizes stay accepted.
+  EXPECT_EQ(run(kStress + " -q -d 0.2 --seed 18446744073709551615 --max-regions 0 --min-size 4k "
+                          "--max-size 1m --shared-fraction 1 --mix remap=1e6,move=0")
+                .status,
+            0);
+}
+
+// An address-space limit too small for the run is named: exit 2 with RLIMIT_AS in the message,
+// never FAILED (as if the cache broke), never std::terminate. Limits from too small to map the
+// pool to too small for the threads' stacks.
+TEST(StressTool, AddressSpaceLimitIsNamedNotAFailure) {
+  for (const int kib : {40000, 60000, 100000}) {
+    const auto result =
+        run("ulimit -v " + std::to_string(kib) + " && exec " + kStress + " -q -d 1");
+    if (result.status == 0) continue;  // the run fitted after all
+    EXPECT_EQ(result.status, 2) << "ulimit -v " << kib << ":\n" << result.output;
+    EXPECT_NE(result.output.find("RLIMIT_AS"), std::string::npos) << "ulimit -v " << kib << ":\n"
+                                                                  << result.output;
+    EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
+  }
 }
 
 // The main job, short: the defaults for five seconds, no stale use, no leak, no error.

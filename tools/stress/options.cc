@@ -1,7 +1,12 @@
 #include "tools/stress/options.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -59,6 +64,106 @@ constexpr const char *kFooter =
     "\nThe cache also reads its MRC_* environment variables (see mrcache-info); the options\n"
     "--max-regions, --max-bytes, --max-unreleased, --fast and --exact override them.\n";
 
+// The largest range or mapping --min-size and --max-size take (a syntax limit: whether the
+// machine can map that much is found at set-up, which fails with exit 2 and the reason).
+constexpr uint64_t kMaxRangeBytes = uint64_t{16} << 30;
+// io_uring refuses a fixed buffer above 1 GiB (the kernel's limit): every get of a longer range
+// would fail, and the run with it.
+constexpr uint64_t kMaxIouringBytes = uint64_t{1} << 30;
+// Cache limits: beyond these they are as good as unlimited.
+constexpr uint64_t kMaxLimitBytes = uint64_t{1} << 50;
+constexpr uint64_t kMaxRegionsLimit = uint64_t{1} << 40;
+// A weight of --mix: bounded so that the weights' sum stays finite and exact enough.
+constexpr double kMaxMixWeight = 1e6;
+
+// ---- validators ------------------------------------------------------------------------------
+// CLI11 (2.1) converts "-1" to an unsigned 64-bit option by wrapping it to 2^64-1 (strtoull),
+// accepts "nan" and "inf" for doubles, and its CLI::Range lets NaN through (NaN compares false
+// with both bounds). Every numeric option therefore goes through one of these validators, so a
+// bad value is a usage error (exit 2) naming the option, never a run that does something else.
+
+// A decimal integer in [min_value, max_value]: digits only (no sign, no 0x), no overflow.
+bool parse_unsigned(const std::string &text, uint64_t *out) {
+  if (text.empty() || text.size() > 20) return false;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  errno = 0;
+  char *end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = value;
+  return true;
+}
+
+CLI::Validator unsigned_range(uint64_t min_value, uint64_t max_value) {
+  const std::string range =
+      "[" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
+  return CLI::Validator(
+      [=](std::string &input) -> std::string {
+        uint64_t value = 0;
+        if (!parse_unsigned(input, &value) || value < min_value || value > max_value) {
+          return "'" + input + "' is not a whole number in " + range;
+        }
+        return {};
+      },
+      "UINT in " + range);
+}
+
+// A finite number in [min_value, max_value] (strtod syntax; NaN and infinities refused).
+CLI::Validator finite_range(double min_value, double max_value) {
+  std::ostringstream range;
+  range << "[" << min_value << ", " << max_value << "]";
+  const std::string text = range.str();
+  return CLI::Validator(
+      [=](std::string &input) -> std::string {
+        errno = 0;
+        char *end = nullptr;
+        const double value = std::strtod(input.c_str(), &end);
+        if (input.empty() || end != input.c_str() + input.size() || errno == ERANGE ||
+            !std::isfinite(value) || value < min_value || value > max_value) {
+          return "'" + input + "' is not a finite number in " + text;
+        }
+        return {};
+      },
+      "NUMBER in " + text);
+}
+
+// A byte count: a decimal integer with an optional unit k, m, g or t (powers of 1024; "kb",
+// "kib" and upper case too), in [min_value, max_value]. A transform: the option receives the
+// number of bytes. Replaces CLI::AsSizeValue, which wraps "-1" to 2^64-1.
+CLI::Validator byte_size(uint64_t min_value, uint64_t max_value) {
+  const std::string range =
+      "[" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
+  return CLI::Validator(
+      [=](std::string &input) -> std::string {
+        size_t digits = 0;
+        while (digits < input.size() && input[digits] >= '0' && input[digits] <= '9') ++digits;
+        uint64_t value = 0;
+        std::string unit = input.substr(digits);
+        for (char &c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        unsigned shift = 0;
+        const std::map<std::string, unsigned> units{
+            {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+            {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
+        const auto it = units.find(unit);
+        bool ok =
+            digits != 0 && it != units.end() && parse_unsigned(input.substr(0, digits), &value);
+        if (ok) {
+          shift = it->second;
+          ok = shift == 0 || value <= (std::numeric_limits<uint64_t>::max() >> shift);
+        }
+        if (ok) value <<= shift;
+        if (!ok || value < min_value || value > max_value) {
+          return "'" + input + "' is not a size in bytes in " + range +
+                 " (a whole number, optionally with k, m, g or t)";
+        }
+        input = std::to_string(value);
+        return {};
+      },
+      "SIZE in " + range);
+}
+
 }  // namespace
 
 const char *mutation_name(MutationKind kind) {
@@ -104,7 +209,11 @@ void parse_mix(const std::string &text, std::array<double, kMutationKinds> *mix)
         throw std::invalid_argument("bad weight in '" + item + "'");
       }
     }
-    if (!(weight >= 0)) throw std::invalid_argument("negative weight in '" + item + "'");
+    // NaN and infinities too: an infinite weight made every other mutation's share 0 (and its
+    // own NaN), so the run silently did none of them.
+    if (!std::isfinite(weight) || weight < 0 || weight > kMaxMixWeight) {
+      throw std::invalid_argument("weight in '" + item + "' is not a finite number in [0, 1e6]");
+    }
     int found = -1;
     for (int i = 0; i < kMutationKinds; ++i) {
       if (name == kMutationNames[i]) found = i;
@@ -132,25 +241,25 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
 
   app.add_option("-t,--threads", o->threads, "Worker threads (get, check, put)")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 128u));
+      ->check(unsigned_range(1, 128));
   app.add_option("-m,--mutators", o->mutators, "Mutator threads (munmap, mremap, madvise, ...)")
       ->capture_default_str()
-      ->check(CLI::Range(0u, 64u));
+      ->check(unsigned_range(0, 64));
   app.add_option("--churn", o->churn,
                  "Churn threads: each maps a fresh mapping of --churn-size, gets, checks and puts "
                  "it, and unmaps it, over and over (the unmap window: another thread's mmap "
                  "gets the address while the unmap is in flight)")
       ->capture_default_str()
-      ->check(CLI::Range(0u, 16u));
+      ->check(unsigned_range(0, 16));
   app.add_option("--churn-size", o->churn_size,
                  "Length of each churn mapping (one length for all: the kernel reuses a freed "
                  "range exactly)")
       ->capture_default_str()
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(byte_size(0, kMaxRangeBytes));
   app.add_option("-d,--duration", o->duration_s, "How long to run: 30, 30s, 10m, 1h")
       ->capture_default_str()
       ->transform(CLI::AsNumberWithUnit(time_units, CLI::AsNumberWithUnit::CASE_SENSITIVE))
-      ->check(CLI::PositiveNumber);
+      ->check(finite_range(1e-3, 1e8));
   app.add_option("-b,--backend", backend,
                  "Registration engine: iouring (pins memory; the default), null (registers "
                  "nothing), verbs (first RDMA device, e.g. rxe)")
@@ -162,64 +271,67 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
       ->check(CLI::IsMember({"auto", "iouring", "pfn", "rdma", "none"}));
   app.add_option("--min-size", o->min_size, "Smallest range a worker asks for (4k, 1m, ...)")
       ->capture_default_str()
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(byte_size(1, kMaxRangeBytes));
   auto *max_size_option =
       app.add_option("--max-size", o->max_size,
                      "Largest mapping and range (default 16m; less when RLIMIT_MEMLOCK is small)")
-          ->transform(CLI::AsSizeValue(false));
+          ->transform(byte_size(1, kMaxRangeBytes));
   app.add_option("--slots", o->slots, "Mappings in the pool")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 4096u));
+      ->check(unsigned_range(1, 4096));
   app.add_option("--shared-fraction", o->shared_fraction,
                  "Fraction of the mappings that are MAP_SHARED (shmem) instead of private")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0, 1));
   app.add_option("--mix", o->mix_text,
                  "Mutation weights, name=weight,...; names: remap move shrink grow unmap-tail "
                  "dontneed free fixed purge")
       ->capture_default_str();
   app.add_option("--fork-rate", o->fork_rate, "Forks per second (all mutators together); 0 = none")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(finite_range(0, 1000));
   app.add_option("--invalidate-rate", o->invalidate_rate,
                  "Fraction of gets followed by mrc_invalidate of the region")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0, 1));
   app.add_option("--nest-rate", o->nest_rate,
                  "Fraction of operations that hold 2-4 regions of one mapping at once")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0, 1));
   app.add_option("--hot-rate", o->hot_rate,
                  "Fraction of single-range operations that get and put their range 16 more "
                  "times before the check (hot regions park their references)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0, 1));
   app.add_option("--check-pages", o->check_pages,
                  "Pages the oracle checks per get (first, last and random ones)")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 1u << 20));
+      ->check(unsigned_range(1, 1u << 20));
   app.add_option("--mutate-pause", o->mutate_pause_us,
                  "Microseconds each mutator sleeps between mutations (lets hits happen)")
-      ->capture_default_str();
-  auto *seed_option = app.add_option("-s,--seed", o->seed,
-                                     "Seed of every random choice (default: random, printed)");
+      ->capture_default_str()
+      ->check(unsigned_range(0, 1000000));
+  auto *seed_option =
+      app.add_option("-s,--seed", o->seed, "Seed of every random choice (default: random, printed)")
+          ->check(unsigned_range(0, std::numeric_limits<uint64_t>::max()));
   auto *max_regions_option = app.add_option("--max-regions", max_regions,
                                             "Cache limit: regions (0 = unlimited; default "
-                                            "MRC_MAX_REGIONS or unlimited)");
+                                            "MRC_MAX_REGIONS or unlimited)")
+                                 ->check(unsigned_range(0, kMaxRegionsLimit));
   auto *max_bytes_option =
       app.add_option("--max-bytes", max_bytes,
                      "Cache limit: registered bytes (0 = unlimited; default MRC_MAX_BYTES, or "
                      "half of RLIMIT_MEMLOCK when pinning is limited)")
-          ->transform(CLI::AsSizeValue(false));
+          ->transform(byte_size(0, kMaxLimitBytes));
   auto *max_unreleased_option =
       app.add_option("--max-unreleased", max_unreleased,
                      "Cache limit: invalidated bytes still in use (default MRC_MAX_UNRELEASED)")
-          ->transform(CLI::AsSizeValue(false));
+          ->transform(byte_size(0, kMaxLimitBytes));
   app.add_option("--fail-rate", o->fail_rate,
                  "Probability that a registration fails (injected; null: the backend's own "
                  "injection, others: a wrapper in front of the backend)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_range(0, 1));
   app.add_option("--json", o->json_path, "Write the summary as JSON to FILE");
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
@@ -243,12 +355,13 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                "mapping is right (debugging the harness; slow)");
   app.add_option("--progress-interval", o->progress_interval_s,
                  "Seconds between progress lines (default 0.5 on a terminal, 10 otherwise)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0, 86400));
   app.add_option("--rdma-device", o->rdma_device, "verbs: device name (default: the first)");
   o->gid_index = 0;
   if (const char *gid = std::getenv("RXE_GID0")) o->gid_index = std::atoi(gid);
   app.add_option("--gid-index", o->gid_index, "verbs: GID index of the loopback QP (env RXE_GID0)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(unsigned_range(0, 255));
 
   try {
     app.parse(argc, argv);
@@ -276,6 +389,12 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   if (max_unreleased_option->count() != 0) o->max_unreleased = max_unreleased;
   if (o->churn != 0 && o->churn_size == 0) {
     std::fprintf(stderr, "mrcache-stress: --churn-size must be positive\n");
+    return 2;
+  }
+  if (o->backend == Backend::kIouring && o->max_size_given && o->max_size > kMaxIouringBytes) {
+    std::fprintf(stderr,
+                 "mrcache-stress: --max-size: io_uring registers at most 1 GiB per buffer (the "
+                 "kernel's limit); use --backend null for longer ranges\n");
     return 2;
   }
   if (o->min_size == 0 || (o->max_size_given && o->max_size < o->min_size)) {

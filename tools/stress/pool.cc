@@ -42,7 +42,13 @@ Pool::Pool(const PoolConfig &config, uint64_t seed, uint64_t start_ns)
     if (i >= count_) slot.fixed_len = page_up(config_.private_len);
     slot.len = slot.fixed_len != 0 ? slot.fixed_len : random_len(rng);
     slot.start = map(slot.len, slot.shared, 0);
-    if (slot.start == 0) slot.len = 0;
+    if (slot.start == 0) {
+      if (setup_error_.empty()) {
+        setup_error_ = "mmap of " + format_size(slot.len) + (slot.shared ? " shared" : "") + ": " +
+                       strerrordesc_np(errno);
+      }
+      slot.len = 0;
+    }
   }
 }
 

@@ -103,6 +103,11 @@ class Pool {
   std::string in_flight(uintptr_t start, size_t len, uint64_t since_ns) const;
   uint64_t start_ns() const { return start_ns_; }
 
+  // "" when every slot got its first mapping, else why not ("mmap of 16 MiB: Cannot allocate
+  // memory"): a set-up failure of the run (RLIMIT_AS, a --max-size the machine cannot map), not
+  // a failure of the cache.
+  const std::string &setup_error() const { return setup_error_; }
+
  private:
   uintptr_t map(size_t len, bool shared, uintptr_t fixed);
   void prepare(uintptr_t start, size_t len);
@@ -120,6 +125,7 @@ class Pool {
   std::vector<Mutation> running_;  // log_mutex_: mutations begun and not yet recorded
   std::vector<Mutation> log_;      // ring of kLogSize
   uint64_t log_total_ = 0;
+  std::string setup_error_;
 };
 
 }  // namespace stress

@@ -27,7 +27,9 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +89,10 @@ struct Run {
   std::vector<std::string> stale_reports;   // report_mutex
   std::vector<std::string> window_reports;  // report_mutex: in-window hits not counted
   std::vector<std::string> errors;          // report_mutex: the first kMaxReports
+  // report_mutex: why a thread of the run could not go on for lack of resources (an exception:
+  // std::bad_alloc, std::system_error), e.g. under RLIMIT_AS. Not a failure of the cache: the
+  // run ends with exit 2 and this reason.
+  std::string resource_failure;
 
   std::vector<ThreadCounters *> all_counters() const {
     std::vector<ThreadCounters *> all;
@@ -291,12 +297,11 @@ void worker(Run &run, unsigned index) {
   };
   while (!run.stop.load(std::memory_order_relaxed)) {
     Slot &slot = run.pool->slot(rng.below(run.pool->size()));
-    slot.lock.lock_shared();
+    // Scoped: an exception (std::bad_alloc under RLIMIT_AS, see guarded()) must not leave the
+    // slot locked for the mutators.
+    std::shared_lock slot_guard(slot.lock);
     Instrumented::set_thread_context(static_cast<int>(index), slot.index);
-    if (slot.start == 0) {
-      slot.lock.unlock_shared();
-      continue;
-    }
+    if (slot.start == 0) continue;
     const uint64_t generation = slot.generation.load(std::memory_order_relaxed);
     const int wanted = rng.chance(run.opt.nest_rate) ? 2 + static_cast<int>(rng.below(3)) : 1;
     Held held[4];
@@ -339,7 +344,6 @@ void worker(Run &run, unsigned index) {
       }
     }
     for (int k = count - 1; k >= 0; --k) mrc_put(run.cache, held[k].region);
-    slot.lock.unlock_shared();
   }
 }
 
@@ -366,13 +370,13 @@ void churner(Run &run, unsigned index) {
                                         MRC_PROT_READ | MRC_PROT_WRITE};
   Slot &slot = run.pool->private_slot(index);
   while (!run.stop.load(std::memory_order_relaxed)) {
-    slot.lock.lock();
+    std::unique_lock remap_guard(slot.lock);
     const Mutation m = run.pool->mutate(slot, MutationKind::kRemap, rng);
-    slot.lock.unlock();
+    remap_guard.unlock();
     if (m.error != 0) {
       c.refused[static_cast<size_t>(MutationKind::kRemap)].fetch_add(1, std::memory_order_relaxed);
     }
-    slot.lock.lock_shared();
+    std::shared_lock use_guard(slot.lock);
     Instrumented::set_thread_context(static_cast<int>(id), slot.index);
     if (slot.start != 0) {
       const uint64_t generation = slot.generation.load(std::memory_order_relaxed);
@@ -385,7 +389,6 @@ void churner(Run &run, unsigned index) {
         c.churned.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    slot.lock.unlock_shared();
   }
 }
 
@@ -618,7 +621,7 @@ void mutator(Run &run, unsigned index) {
       }
     } else {
       Slot &slot = run.pool->slot(rng.below(run.pool->size()));
-      slot.lock.lock();
+      std::unique_lock slot_guard(slot.lock);
       const Mutation m = run.pool->mutate(slot, chosen, rng);
       if (run.opt.verify_mappings) {
         const std::string wrong = Pool::check_mapped(slot);
@@ -630,7 +633,7 @@ void mutator(Run &run, unsigned index) {
           run.stop.store(true, std::memory_order_relaxed);
         }
       }
-      slot.lock.unlock();
+      slot_guard.unlock();
       c.mutations[static_cast<size_t>(m.kind)].fetch_add(1, std::memory_order_relaxed);
       if (m.error != 0)
         c.refused[static_cast<size_t>(m.kind)].fetch_add(1, std::memory_order_relaxed);
@@ -640,6 +643,20 @@ void mutator(Run &run, unsigned index) {
           static_cast<long>(run.opt.mutate_pause_us / 2 + rng.below(run.opt.mutate_pause_us + 1));
       std::this_thread::sleep_for(std::chrono::microseconds(pause));
     }
+  }
+}
+
+// A thread of the run. An exception (std::bad_alloc under RLIMIT_AS, std::system_error) would
+// call std::terminate; it stops the run instead, as a resource failure (exit 2).
+void guarded(void (*body)(Run &, unsigned), Run &run, unsigned index) {
+  try {
+    body(run, index);
+  } catch (const std::exception &e) {
+    {
+      std::lock_guard lock(run.report_mutex);
+      if (run.resource_failure.empty()) run.resource_failure = e.what();
+    }
+    run.stop.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -661,6 +678,17 @@ uint64_t pin_budget() {
   if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
   if (has_cap_ipc_lock()) return 0;
   return limit.rlim_cur;
+}
+
+// When RLIMIT_AS limits the process: "; RLIMIT_AS is 512 MiB (`ulimit -v`): too small for this
+// run?", else "". Set-up failures that an address-space limit explains say so, so that a user
+// sees the limit instead of a failed run.
+std::string address_space_note() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  return "; RLIMIT_AS is " + format_size(limit.rlim_cur) +
+         " (`ulimit -v`): too small for this run? (fewer --threads/--slots, a smaller --max-size, "
+         "or a higher limit)";
 }
 
 // "tid name, ..." of every thread of the process.
@@ -831,8 +859,8 @@ int run_main(int argc, char **argv) {
   std::string error;
   std::unique_ptr<BackendSetup> backend = BackendSetup::create(backend_config, &error);
   if (backend == nullptr) {
-    std::fprintf(stderr, "mrcache-stress: backend %s: %s\n", backend_name(opt.backend),
-                 error.c_str());
+    std::fprintf(stderr, "mrcache-stress: backend %s: %s%s\n", backend_name(opt.backend),
+                 error.c_str(), address_space_note().c_str());
     if (pagemap_fd >= 0) close(pagemap_fd);
     return kExitUsage;
   }
@@ -894,7 +922,8 @@ int run_main(int argc, char **argv) {
   mrc_cache_t *cache = nullptr;
   mrc_status_t status = mrc_cache_create(&params, &cache);
   if (status != MRC_OK) {
-    std::fprintf(stderr, "mrcache-stress: mrc_cache_create: %s\n", mrc_status_string(status));
+    std::fprintf(stderr, "mrcache-stress: mrc_cache_create: %s%s\n", mrc_status_string(status),
+                 address_space_note().c_str());
     mrc_set_log_handler(nullptr, nullptr);
     return kExitUsage;
   }
@@ -928,6 +957,19 @@ int run_main(int argc, char **argv) {
   run.start_ns = now_ns();
   backend->instrumented().set_origin(run.start_ns);
   auto pool = std::make_unique<Pool>(pool_config, mix64(opt.seed), run.start_ns);
+  if (!pool->setup_error().empty()) {
+    // The run never started: a usage or machine problem, not a failure of the cache.
+    std::fprintf(stderr,
+                 "mrcache-stress: cannot map the pool's mappings (--slots %u of up to %s): %s%s\n",
+                 opt.slots, format_size(opt.max_size).c_str(), pool->setup_error().c_str(),
+                 address_space_note().c_str());
+    pool.reset();
+    mrc_cache_destroy(cache);
+    mrc_set_log_handler(nullptr, nullptr);
+    g_run = nullptr;
+    if (pagemap_fd >= 0) close(pagemap_fd);
+    return kExitUsage;
+  }
   run.pool = pool.get();
   run.next_fork_ns.store(
       opt.fork_rate > 0 ? run.start_ns + static_cast<uint64_t>(1e9 / opt.fork_rate) : 0);
@@ -956,9 +998,24 @@ int run_main(int argc, char **argv) {
   sigaction(SIGTERM, &action, nullptr);
 
   std::vector<std::thread> threads;
-  for (unsigned i = 0; i < opt.threads; ++i) threads.emplace_back(worker, std::ref(run), i);
-  for (unsigned i = 0; i < opt.mutators; ++i) threads.emplace_back(mutator, std::ref(run), i);
-  for (unsigned i = 0; i < opt.churn; ++i) threads.emplace_back(churner, std::ref(run), i);
+  try {
+    for (unsigned i = 0; i < opt.threads; ++i) {
+      threads.emplace_back(guarded, worker, std::ref(run), i);
+    }
+    for (unsigned i = 0; i < opt.mutators; ++i) {
+      threads.emplace_back(guarded, mutator, std::ref(run), i);
+    }
+    for (unsigned i = 0; i < opt.churn; ++i) {
+      threads.emplace_back(guarded, churner, std::ref(run), i);
+    }
+  } catch (const std::exception &e) {
+    // A thread could not start (std::system_error: EAGAIN under RLIMIT_AS or RLIMIT_NPROC):
+    // stop and join the ones that did, as a resource failure.
+    std::lock_guard lock(run.report_mutex);
+    run.resource_failure =
+        std::string("starting thread ") + std::to_string(threads.size() + 1) + ": " + e.what();
+    run.stop.store(true, std::memory_order_relaxed);
+  }
 
   const double interval =
       opt.progress_interval_s > 0 ? opt.progress_interval_s : (out.tty() ? 0.5 : 10.0);
@@ -1059,6 +1116,13 @@ int run_main(int argc, char **argv) {
         "fast mode without churn threads (--churn 0): the unmap window is rarely "
         "reached, so 0 in-window hits says little");
   }
+  if (!run.resource_failure.empty()) {
+    // Out of memory, address space or threads: the run did not finish, so it proves nothing
+    // either way. Exit 2 with the reason, not FAILED.
+    std::fprintf(stderr, "mrcache-stress: the run stopped for lack of resources: %s%s\n",
+                 run.resource_failure.c_str(), address_space_note().c_str());
+    return kExitUsage;
+  }
   summary.forks = run.forks.load();
   summary.log_warnings = run.log_warnings.load();
   summary.log_errors = run.log_errors.load();
@@ -1111,7 +1175,9 @@ int main(int argc, char **argv) {
   try {
     return stress::run_main(argc, argv);
   } catch (const std::exception &e) {
-    std::fprintf(stderr, "mrcache-stress: %s\n", e.what());
+    // Thread creation or an allocation failed (std::system_error, std::bad_alloc): the run
+    // could not be set up; under RLIMIT_AS the limit is the likely cause.
+    std::fprintf(stderr, "mrcache-stress: %s%s\n", e.what(), stress::address_space_note().c_str());
     return 2;
   }
 }

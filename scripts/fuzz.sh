@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target of tests/fuzz (api, env, segment: see tests/fuzz/CMakeLists.txt)
+# for a bounded time under ASan+UBSan, starting from the seed corpus in the repository, then
+# replays the seeds and tests/fuzz/regressions/ through them (ctest -L fuzz). Prints each
+# target's executions and coverage (libFuzzer's final statistics) and fails (exit 1) when a
+# target crashed, leaked, hung or ran out of memory; the input that did it is kept as
+# <build>/fuzz-artifacts/<target>-crash-* (replay it: <build>/tests/fuzz/mrc_fuzz_<target> FILE).
+# A fixed crash becomes a regression test: copy the input to tests/fuzz/regressions/<target>-NAME.
+#
+# usage: scripts/fuzz.sh [-t SECONDS] [-B BUILD_DIR] [--no-setup] [-j N] [TARGET...]
+#   -t SECONDS    how long each target runs (default: $MRC_FUZZ_SECONDS or 90)
+#   -B DIR        build directory (default: build-fuzz/ in the repository)
+#   --no-setup    do not run scripts/setup.sh (which also installs clang and libFuzzer here)
+#   TARGET...     some of: api env segment (default: $MRC_FUZZ_TARGETS or all three)
+# env: MRC_FUZZ_SECONDS, MRC_FUZZ_TARGETS, MRC_FUZZ_ARGS (more libFuzzer flags, e.g. -jobs=2)
+#
+# The corpus each target grows is kept in <build>/fuzz-corpus/<target> (the repository's seeds
+# are copied in first), so later runs start where earlier ones stopped. The build is clang's
+# (-DMRC_BUILD_FUZZERS=ON refuses another compiler), Debug at -O1 with the library's own checks
+# on, like the sanitizer lanes.
+set -euo pipefail
+# shellcheck source=scripts/lib/build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/build.sh"
+mrc_build_dir=${MRC_FUZZ_BUILD_DIR:-$mrc_repo/build-fuzz}
+mrc_parse_args "$@"
+
+seconds=${MRC_FUZZ_SECONDS:-90}
+# shellcheck disable=SC2206
+targets=(${MRC_FUZZ_TARGETS:-})
+set -- "${mrc_rest_args[@]}"
+chosen=()
+while (($#)); do
+  case $1 in
+    -t) seconds=$2; shift 2 ;;
+    -t*) seconds=${1#-t}; shift ;;
+    api | env | segment) chosen+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+((${#chosen[@]})) && targets=("${chosen[@]}")
+((${#targets[@]})) || targets=(api env segment)
+if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz.sh: -t: '$seconds' is not a whole number of seconds > 0" >&2
+  exit 2
+fi
+
+# clang and its libFuzzer runtime, with the rest of the project's packages.
+export MRC_SETUP_EXTRA="${MRC_SETUP_EXTRA:-} clang libclang-rt-14-dev"
+mrc_run_setup
+
+mrc_log "configure $mrc_build_dir (clang, -DMRC_BUILD_FUZZERS=ON, address,undefined)"
+generator=()
+[[ -f $mrc_build_dir/CMakeCache.txt ]] || generator=(-G Ninja)
+CC=clang CXX=clang++ cmake -S "$mrc_repo" -B "$mrc_build_dir" "${generator[@]}" \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMRC_BUILD_FUZZERS=ON \
+  -DMRC_SANITIZE=address,undefined -DMRC_BUILD_TOOLS=OFF -DMRC_BUILD_BENCH=OFF \
+  -DMRC_WERROR=OFF -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-O1 -g" \
+  "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" "${mrc_extra_cmake_args[@]}" >/dev/null
+build_targets=()
+for t in "${targets[@]}"; do build_targets+=("mrc_fuzz_$t" "mrc_fuzz_${t}_replay"); done
+mrc_build --target "${build_targets[@]}"
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+# The segment target names its files /dev/shm/mrcfuzz-<pid>-*: a crash leaves them behind.
+clean_shm() {
+  local f pid
+  for f in /dev/shm/mrcfuzz-*; do
+    [[ -e $f ]] || continue
+    pid=${f#/dev/shm/mrcfuzz-}
+    pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null || rm -f "$f"
+  done
+}
+
+declare -A max_len=([api]=1024 [env]=512 [segment]=256)
+# Programs of operations (api) and lists of corruptions (segment) say more when long: no slow
+# growth of the input length from a few bytes (libFuzzer's default -len_control=100).
+declare -A len_control=([api]=0 [env]=100 [segment]=0)
+# shellcheck disable=SC2206
+extra=(${MRC_FUZZ_ARGS:-})
+failed=()
+summary=()
+mkdir -p "$mrc_build_dir/fuzz-artifacts" "$mrc_build_dir/fuzz-logs"
+for t in "${targets[@]}"; do
+  corpus=$mrc_build_dir/fuzz-corpus/$t
+  log=$mrc_build_dir/fuzz-logs/$t.log
+  mkdir -p "$corpus"
+  cp -n "$mrc_repo/tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
+  dict=()
+  [[ -f $mrc_repo/tests/fuzz/$t.dict ]] && dict=("-dict=$mrc_repo/tests/fuzz/$t.dict")
+  mrc_log "fuzz $t for ${seconds} s (log: $log)"
+  status=0
+  # -timeout: an input that runs 30 s is a hang (a finding); -rss_limit_mb: the forks and
+  # ASan's shadow stay well below it unless something leaks or allocates wildly.
+  "$mrc_build_dir/tests/fuzz/mrc_fuzz_$t" -max_total_time="$seconds" -print_final_stats=1 \
+    -len_control="${len_control[$t]}" \
+    -timeout=30 -rss_limit_mb=4096 -max_len="${max_len[$t]}" \
+    -artifact_prefix="$mrc_build_dir/fuzz-artifacts/$t-" "${dict[@]}" "${extra[@]}" \
+    "$corpus" >"$log" 2>&1 || status=$?
+  clean_shm
+  # The last progress line (cov: edges, ft: features, corp: inputs) and the final statistics.
+  last=$(grep -E '^#[0-9]+[[:space:]].*cov: ' "$log" | tail -n 1 || true)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
+  cov=$(sed -E -n 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/\1 edges, \2 features, corpus \3/p' \
+    <<<"$last")
+  grep -E '^stat::' "$log" || true
+  echo "$last"
+  if ((status != 0)); then
+    echo "fuzz: $t FAILED (libFuzzer exit $status); the report:"
+    grep -E -A40 '^==[0-9]+==ERROR|fuzz harness:|runtime error:|^SUMMARY' "$log" | head -n 80 || true
+    ls "$mrc_build_dir/fuzz-artifacts/$t-"* 2>/dev/null || true
+    failed+=("$t")
+    summary+=("$t: FAILED after ${execs:-?} executions; ${cov:-no coverage line}")
+  else
+    summary+=("$t: ${execs:-?} executions (${rate:-?}/s) in ${seconds} s; coverage ${cov:-?}")
+  fi
+done
+
+mrc_log "replay the seeds and tests/fuzz/regressions (ctest -L fuzz)"
+ctest_status=0
+ctest --test-dir "$mrc_build_dir" -L '(^|,)fuzz(,|$)' --output-on-failure --no-tests=error \
+  --timeout 300 -R "$(printf 'fuzz\\.(%s)\\.' "$(IFS='|'; echo "${targets[*]}")")" ||
+  ctest_status=$?
+clean_shm
+((ctest_status == 0)) || failed+=("replay")
+
+printf '\n==> fuzz summary\n'
+printf '  %s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz: FAILED: ${failed[*]} (inputs in $mrc_build_dir/fuzz-artifacts/)"
+  exit 1
+fi
+echo "fuzz: no crash, leak or hang in ${targets[*]}"
