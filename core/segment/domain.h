@@ -61,6 +61,9 @@ struct mrc_seg_domain {
   mrc::seg::RootHeader *root = nullptr;
   uintptr_t base = 0;  // the window, reserved in this process unless observer
   size_t size = 0;
+  // The window's pages as validated at join (observers too): the bound of every page index,
+  // never re-read from the root, where any member could change it.
+  uint64_t va_pages = 0;
   int slot = -1;
   uint64_t domain_id = 0;
   char prefix[mrc::seg::kNameMax + 1] = {};
@@ -98,6 +101,11 @@ void unlock_domain(mrc_seg_domain *domain) noexcept;
 // registry.cc: false (and the last error set) for a NULL or closed handle, or one of the
 // parent of this fork() child.
 bool usable_here(const mrc_seg_domain *domain) noexcept;
+// registry.cc: true for a domain handle this fork() child inherited from its parent.
+bool inherited(const mrc_seg_domain *domain);
+// registry.cc: mrc_seg_close of a segment this fork() child inherited: unmapped here (back to the
+// inherited reservation), the directory untouched (the parent still has it open).
+void close_inherited(mrc_seg *seg) noexcept;
 
 // files.cc: re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped
 // there (its own segment): the munmap the cache's monitor sees.
