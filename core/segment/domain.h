@@ -5,7 +5,9 @@
 //  - g_registry (registry.cc) lists the domains this process has joined, one per prefix; guarded
 //    by a process-local mutex, which domain open/close hold throughout (so two threads never
 //    race to reserve the same window) and which fork() holds (pthread_atfork), so a child
-//    sees a consistent list and closes its copies of the presence descriptors.
+//    sees a consistent list and closes its copies of the presence descriptors. fork() holds
+//    each listed domain's mu too (after the registry mutex: the lock order below), so that the
+//    child can close the segments it inherited (registry.cc, close_inherited).
 //  - mrc_seg_domain::mu (process-local) guards refs, open_segments and the mappings list, and
 //    serialises this process's segment open/close (a close re-reserves the range before another
 //    thread can map something there). Lock order: registry mutex, then mu, then the shared
