@@ -233,7 +233,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
     while (dir != nullptr && st == MRC_OK) {
       dirent *ent = readdir(dir);  // NOLINT(concurrency-mt-unsafe): a stream of our own
       if (ent == nullptr) break;
-      if (classify_shm_file_locked(d, ent->d_name) == ShmFile::kOrphan) {
+      if (classify_shm_file_locked(d, ent->d_name) == ShmFile::Orphan) {
         st = fail(MRC_ERR_IO, "/dev/shm/{} belongs to no segment", ent->d_name);
       }
     }

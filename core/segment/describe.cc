@@ -38,7 +38,7 @@ std::vector<std::string> foreign_files(const mrc_seg_domain *d) {
   DIR *dir = opendir("/dev/shm");
   if (dir == nullptr) return out;
   while (dirent *ent = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): our own stream
-    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::kForeign) continue;
+    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::Foreign) continue;
     struct stat st {};
     const std::string path = std::string("/dev/shm/") + ent->d_name;
     if (lstat(path.c_str(), &st) != 0) continue;

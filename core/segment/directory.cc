@@ -167,8 +167,8 @@ bool names_entry_locked(const mrc_seg_domain *d, uint64_t generation, uint64_t t
 
 ShmFile classify_shm_file_locked(const mrc_seg_domain *d, const char *file) {
   const size_t plen = std::strlen(d->prefix);
-  if (std::strncmp(file, d->prefix, plen) != 0 || file[plen] != ':') return ShmFile::kOther;
-  if (std::strcmp(file + plen, ":root") == 0) return ShmFile::kRoot;
+  if (std::strncmp(file, d->prefix, plen) != 0 || file[plen] != ':') return ShmFile::Other;
+  if (std::strcmp(file + plen, ":root") == 0) return ShmFile::Root;
   char path[300];
   auto r = fmt::format_to_n(path, sizeof path - 1, "/dev/shm/{}", file);
   *r.out = '\0';
@@ -177,15 +177,15 @@ ShmFile classify_shm_file_locked(const mrc_seg_domain *d, const char *file) {
   // alone, and mrc_seg_domain_describe lists it.
   if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
       !owned_by_domain(st.st_uid, st.st_gid, d->uid, d->gid, d->mode)) {
-    return ShmFile::kForeign;
+    return ShmFile::Foreign;
   }
   uint64_t generation = 0, tag = 0;
   const char *name = nullptr;
   if (parse_segment_name(file + plen + 1, &generation, &tag, &name) &&
       names_entry_locked(d, generation, tag, name)) {
-    return ShmFile::kSegment;
+    return ShmFile::Segment;
   }
-  return ShmFile::kOrphan;
+  return ShmFile::Orphan;
 }
 
 // Orphans: files of this prefix, owned by the domain, that no directory entry names (a crash
@@ -195,7 +195,7 @@ void remove_orphans_locked(mrc_seg_domain *d) {
   DIR *dir = opendir("/dev/shm");
   if (dir == nullptr) return;
   while (dirent *ent = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): our own stream
-    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::kOrphan) continue;
+    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::Orphan) continue;
     char name[300];
     auto r = fmt::format_to_n(name, sizeof name - 1, "/{}", ent->d_name);
     *r.out = '\0';

@@ -121,7 +121,7 @@ void teardown_domain_locked(mrc_seg_domain *d);
 // directory entry names, an orphan (the domain's own file that no entry names: a leak), or a
 // foreign file (of the prefix's name space, but not the domain's: another user's, or not a
 // regular file; left alone by check, repair and remove, listed by describe).
-enum class ShmFile { kOther, kRoot, kSegment, kOrphan, kForeign };
+enum class ShmFile { Other, Root, Segment, Orphan, Foreign };
 ShmFile classify_shm_file_locked(const mrc_seg_domain *d, const char *file);
 // Unlinks the orphans.
 void remove_orphans_locked(mrc_seg_domain *d);
