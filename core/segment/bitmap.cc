@@ -9,9 +9,12 @@
 namespace mrc::seg {
 
 bool page_used(const RootHeader *root, uint64_t i) {
+  if (i >= kMaxVaPages) return false;
   return (root->va_bitmap[i / 64] >> (i % 64) & 1U) != 0;
 }
-void mark_pages(RootHeader *root, uint64_t first, uint64_t count, bool used) {
+void mark_pages(RootHeader *root, uint64_t window_pages, uint64_t first, uint64_t count,
+                bool used) {
+  if (window_pages > kMaxVaPages || first > window_pages || count > window_pages - first) return;
   for (uint64_t i = first; i < first + count; ++i) {
     if (used) {
       root->va_bitmap[i / 64] |= uint64_t{1} << (i % 64);
@@ -21,10 +24,11 @@ void mark_pages(RootHeader *root, uint64_t first, uint64_t count, bool used) {
   }
 }
 // First fit; the number of pages or ~0.
-uint64_t find_pages(const RootHeader *root, uint64_t count) {
+uint64_t find_pages(const RootHeader *root, uint64_t window_pages, uint64_t count) {
   uint64_t run = 0;
-  for (uint64_t i = 0; i < root->va_pages; ++i) {
-    if (i % 64 == 0 && root->va_bitmap[i / 64] == ~uint64_t{0} && i + 64 <= root->va_pages) {
+  if (window_pages > kMaxVaPages) return ~uint64_t{0};
+  for (uint64_t i = 0; i < window_pages; ++i) {
+    if (i % 64 == 0 && root->va_bitmap[i / 64] == ~uint64_t{0} && i + 64 <= window_pages) {
       run = 0;
       i += 63;
       continue;

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -148,8 +149,8 @@ mrc_status_t mrc_seg_domain_info(mrc_seg_domain_t *d, mrc_seg_domain_info_t *inf
   info->base = root->base;
   info->size = root->size;
   info->va_page_size = kVaPageSize;
-  info->pages_total = root->va_pages;
-  for (uint64_t i = 0; i < root->va_pages; ++i) info->pages_used += page_used(root, i) ? 1U : 0U;
+  info->pages_total = d->va_pages;
+  for (uint64_t i = 0; i < d->va_pages; ++i) info->pages_used += page_used(root, i) ? 1U : 0U;
   info->clients = live_clients_locked(d);
   for (const SegEntry &e : root->segments) info->segments += e.state != kEntryFree ? 1U : 0U;
   info->slot = d->slot;
@@ -174,30 +175,26 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
     return fail(MRC_ERR_NO_MEMORY, "out of memory");
   }
   if (root->state != kDomainLive) st = fail(MRC_ERR_IO, "domain is marked dead");
+  for (unsigned s = 0; st == MRC_OK && s < kMaxClients; ++s) {
+    st = check_client_slot(root->clients[s], s);
+  }
+  const WindowLimits limits = window_limits(d);
   for (unsigned i = 0; st == MRC_OK && i < kMaxSegments; ++i) {
-    const SegEntry &e = root->segments[i];
+    const SegEntry e = root->segments[i];  // checked, then used: a copy (validate.h)
     if (e.state == kEntryFree) continue;
-    if (e.state != kEntryReady) {
-      st = fail(MRC_ERR_IO, "entry {} ({}) is in state {} outside the lock", i, e.name, e.state);
+    if (e.state != kEntryReady && e.state <= kEntryDeleting) {
+      st = fail(MRC_ERR_IO, "directory entry {} is in state {} outside the lock", i, e.state);
       break;
     }
-    if (!valid_name(e.name) || e.generation == 0 || e.generation >= root->next_generation) {
-      st = fail(MRC_ERR_IO, "entry {}: bad name or generation", i);
-      break;
-    }
+    st = check_entry(e, i, limits);
+    if (st != MRC_OK) break;
     for (unsigned j = 0; j < i; ++j) {
       if (root->segments[j].state == kEntryReady &&
-          std::strcmp(root->segments[j].name, e.name) == 0) {
+          std::strncmp(root->segments[j].name, e.name, sizeof e.name) == 0) {
         st = fail(MRC_ERR_IO, "segment {} is listed twice", e.name);
       }
     }
     const uint64_t first = e.va_offset / kVaPageSize;
-    if (e.va_offset % kVaPageSize != 0 || e.va_pages == 0 || e.va_pages > root->va_pages ||
-        first > root->va_pages - e.va_pages ||
-        e.data_offset + e.data_size > e.va_pages * kVaPageSize) {
-      st = fail(MRC_ERR_IO, "segment {}: range outside the window", e.name);
-      break;
-    }
     for (uint64_t p = first; p < first + e.va_pages; ++p) {
       if ((expect[p / 64] >> (p % 64) & 1U) != 0) {
         st = fail(MRC_ERR_IO, "segment {} overlaps another one", e.name);
@@ -212,7 +209,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
     if (!has_clients(e)) st = fail(MRC_ERR_IO, "segment {} has no client: leaked", e.name);
     if (st == MRC_OK && (e.flags & MRC_SEG_NODATA) == 0) {
       char name[160];
-      segment_shm_name(d->prefix, e.generation, e.name, name);
+      (void)entry_file_name(d, e, name);  // the name was checked
       const int fd = shm_open(name, O_RDONLY, 0);
       if (fd < 0) {
         st = fail(MRC_ERR_IO, "segment {}: /dev/shm{} is missing", e.name, name);
@@ -230,22 +227,15 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
   }
   delete[] expect;
   if (st == MRC_OK) {
-    // Files of this prefix nobody names: leaks.
+    // The domain's files of this prefix that nobody names: leaks. Another user's files in the
+    // name space are not the domain's: skipped (describe lists them).
     DIR *dir = opendir("/dev/shm");
-    const size_t plen = std::strlen(d->prefix);
     while (dir != nullptr && st == MRC_OK) {
       dirent *ent = readdir(dir);  // NOLINT(concurrency-mt-unsafe): a stream of our own
       if (ent == nullptr) break;
-      if (std::strncmp(ent->d_name, d->prefix, plen) != 0 || ent->d_name[plen] != ':') continue;
-      if (std::strcmp(ent->d_name + plen, ":root") == 0) continue;
-      bool named = false;
-      for (const SegEntry &e : root->segments) {
-        if (e.state != kEntryReady) continue;
-        char name[160];
-        segment_shm_name(d->prefix, e.generation, e.name, name);
-        if (std::strcmp(name + 1, ent->d_name) == 0) named = true;
+      if (classify_shm_file_locked(d, ent->d_name) == ShmFile::Orphan) {
+        st = fail(MRC_ERR_IO, "/dev/shm/{} belongs to no segment", ent->d_name);
       }
-      if (!named) st = fail(MRC_ERR_IO, "/dev/shm/{} belongs to no segment", ent->d_name);
     }
     if (dir != nullptr) closedir(dir);
   }
@@ -265,32 +255,27 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
   reap_dead_locked(d);
   remove_orphans_locked(d);
   // The heaps: map each heap segment's files anywhere (offsets, not pointers, inside).
+  // Copies of the heap entries that pass validate.h's checks (the others fail the check below).
   struct Todo {
-    uint64_t generation;
-    char name[kNameMax + 1];
-    uint64_t map_size, data_offset, data_size;
-    unsigned flags;
-    char backing[kPathMax + 1];
+    SegEntry e;
+    char file[160];
   };
   auto *todo = new (std::nothrow) Todo[kMaxSegments];
   unsigned n = 0;
-  for (const SegEntry &e : d->root->segments) {
-    if (todo == nullptr || e.state != kEntryReady || (e.flags & MRC_SEG_HEAP) == 0) continue;
-    Todo &t = todo[n++];
-    t.generation = e.generation;
-    std::memcpy(t.name, e.name, sizeof t.name);
-    t.map_size = e.map_size;
-    t.data_offset = e.data_offset;
-    t.data_size = e.data_size;
-    t.flags = e.flags;
-    std::memcpy(t.backing, e.backing_path, sizeof t.backing);
+  const WindowLimits limits = window_limits(d);
+  for (unsigned i = 0; todo != nullptr && i < kMaxSegments; ++i) {
+    Todo &t = todo[n];
+    t.e = d->root->segments[i];
+    if (t.e.state != kEntryReady || (t.e.flags & MRC_SEG_HEAP) == 0) continue;
+    if (check_entry(t.e, i, limits) != MRC_OK || !entry_file_name(d, t.e, t.file)) continue;
+    ++n;
   }
   unlock_domain(d);
   if (todo == nullptr) return fail(MRC_ERR_NO_MEMORY, "out of memory");
+  clear_error();  // a skipped entry's reason: the check at the end reports it
   for (unsigned i = 0; i < n && st == MRC_OK; ++i) {
-    const Todo &t = todo[i];
-    char name[160];
-    segment_shm_name(d->prefix, t.generation, t.name, name);
+    const SegEntry &t = todo[i].e;
+    const char *name = todo[i].file;
     const int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) continue;  // removed meanwhile
     st = check_file(fd, name, d->uid, d->gid, d->mode, t.map_size);
@@ -301,16 +286,19 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
     if (hdr == MAP_FAILED) continue;
     auto *h = static_cast<SegHeader *>(hdr);
     if ((t.flags & MRC_SEG_FILE) != 0) {
-      const int bfd = open(t.backing, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-      if (bfd >= 0) {
+      const int bfd = open(t.backing_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+      struct stat sb {};
+      // Only the file the segment was created on, and only as many bytes as it has.
+      if (bfd >= 0 && fstat(bfd, &sb) == 0 && sb.st_dev == t.backing_dev &&
+          sb.st_ino == t.backing_ino && static_cast<uint64_t>(sb.st_size) >= t.data_size) {
         data = mmap(nullptr, t.data_size, PROT_READ | PROT_WRITE, MAP_SHARED, bfd, 0);
-        close(bfd);
       }
+      if (bfd >= 0) close(bfd);
     } else {
-      data = static_cast<char *>(hdr) + t.data_offset;
+      data = static_cast<char *>(hdr) + t.data_offset;  // inside map_size (check_entry)
     }
     if (h->magic == kSegMagic && h->domain_id == d->domain_id && data != MAP_FAILED) {
-      SharedHeap heap(&h->heap, static_cast<char *>(data));
+      SharedHeap heap(&h->heap, static_cast<char *>(data), t.data_size);
       bool heap_repaired = false;
       st = heap.recover(&heap_repaired);
       count += heap_repaired ? 1U : 0U;

@@ -13,13 +13,40 @@
 #include <iterator>
 #include <new>
 
-#include "core/segment/domain.h"
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "core/segment/domain_internal.h"
 #include "core/segment/sys.h"
 
 namespace mrc::seg {
 namespace {
 
 using Buffer = fmt::memory_buffer;
+
+// A name field of the snapshot, never read past its end (it may lack its NUL).
+std::string_view field(const char *s, size_t max) { return {s, strnlen(s, max)}; }
+
+// Files in the prefix's name space that are not the domain's (another user's): check, repair and
+// remove skip them; here they are listed, once per description. Read without the domain lock
+// (like the rest of the snapshot).
+std::vector<std::string> foreign_files(const mrc_seg_domain *d) {
+  std::vector<std::string> out;
+  DIR *dir = opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  while (dirent *ent = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): our own stream
+    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::Foreign) continue;
+    struct stat st {};
+    const std::string path = std::string("/dev/shm/") + ent->d_name;
+    if (lstat(path.c_str(), &st) != 0) continue;
+    out.push_back(fmt::format("{} (uid {})", path, st.st_uid));
+  }
+  closedir(dir);
+  return out;
+}
 
 void json_string(Buffer &out, const char *s, size_t max) {
   out.push_back('"');
@@ -82,6 +109,11 @@ void flag_names(Buffer &out, unsigned flags, bool json) {
 
 // The heap counters of a segment, read from its header page. false when unreadable.
 bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) {
+  // Only an entry that passes validate.h's checks names a file worth mapping.
+  if (check_entry(e, 0, WindowLimits{d->va_pages, 0}) != MRC_OK) {
+    clear_error();
+    return false;
+  }
   for (const MappedSegment *m = d->maps; m != nullptr; m = m->next) {
     if (m->generation == e.generation && m->header != nullptr) {
       std::memcpy(static_cast<void *>(out), &m->header->heap, sizeof *out);
@@ -89,13 +121,14 @@ bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) 
     }
   }
   char name[160];
-  segment_shm_name(d->prefix, e.generation, e.name, name);
+  if (!entry_file_name(d, e, name)) return false;
   const int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) return false;
   void *page = MAP_FAILED;
   if (check_file(fd, name, d->uid, d->gid, d->mode, e.map_size) == MRC_OK) {
     page = mmap(nullptr, kSegHeaderSize, PROT_READ, MAP_SHARED, fd, 0);
   }
+  clear_error();
   close(fd);
   if (page == MAP_FAILED) return false;
   const auto *h = static_cast<const SegHeader *>(page);
@@ -110,7 +143,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
   const bool verbose = (flags & MRC_SEG_DESCRIBE_VERBOSE) != 0;
   auto o = std::back_inserter(out);
   uint64_t pages_used = 0;
-  for (uint64_t i = 0; i < root.va_pages && i < kMaxVaPages; ++i) {
+  for (uint64_t i = 0; i < d->va_pages; ++i) {
     pages_used += (root.va_bitmap[i / 64] >> (i % 64)) & 1U;
   }
   const MutexState lock = mutex_state(&d->root->lock);
@@ -131,10 +164,10 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                    "\"gid\":{},\"mode\":\"{:04o}\",\"domain_id\":\"{:#018x}\",\"created_ns\":{},"
                    "\"next_generation\":{},\"repairs\":{},\"clients_reaped\":{},"
                    "\"segments_reaped\":{},\"state\":\"{}\",",
-                   d->root_name, root.base, root.size, uint64_t{1} << root.va_page_shift,
-                   root.va_pages, pages_used, root.uid, root.gid, root.mode, root.domain_id,
-                   root.created_ns, root.next_generation, root.repairs, root.clients_reaped,
-                   root.segments_reaped, root.state == kDomainLive ? "live" : "dead");
+                   d->root_name, root.base, root.size, kVaPageSize, root.va_pages, pages_used,
+                   root.uid, root.gid, root.mode, root.domain_id, root.created_ns,
+                   root.next_generation, root.repairs, root.clients_reaped, root.segments_reaped,
+                   root.state == kDomainLive ? "live" : "dead");
     fmt::format_to(o, "\"lock\":{{\"locked\":{},\"owner_tid\":{},\"owner_died\":{}}},", lock.locked,
                    lock.owner_tid, lock.owner_died);
     fmt::format_to(o, "\"clients\":[");
@@ -161,7 +194,7 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
     for (const SegEntry &e : root.segments) {
       if (e.state == kEntryFree) continue;
       char file[160] = "";
-      if ((e.flags & MRC_SEG_NODATA) == 0) segment_shm_name(d->prefix, e.generation, e.name, file);
+      if ((e.flags & MRC_SEG_NODATA) != 0 || !entry_file_name(d, e, file)) file[0] = '\0';
       fmt::format_to(o, "{}{{\"name\":", first ? "" : ",");
       json_string(out, e.name, sizeof e.name);
       fmt::format_to(o,
@@ -169,8 +202,8 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                      "\"map_base\":{},\"map_size\":{},\"pages\":{},\"numa_node\":{},"
                      "\"file\":\"{}{}\",\"flags\":",
                      state_name(e.state), e.generation, root.base + e.va_offset + e.data_offset,
-                     e.data_size, root.base + e.va_offset, e.va_pages << root.va_page_shift,
-                     e.va_pages, e.numa_node, file[0] != '\0' ? "/dev/shm" : "", file);
+                     e.data_size, root.base + e.va_offset, e.va_pages << kVaPageShift, e.va_pages,
+                     e.numa_node, file[0] != '\0' ? "/dev/shm" : "", file);
       flag_names(out, e.flags, true);
       fmt::format_to(o, ",\"backing_file\":");
       json_string(out, e.backing_path, sizeof e.backing_path);
@@ -192,6 +225,13 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                        heap.allocs, heap.frees, heap.repairs, heap.state != kHeapOk);
       }
       out.push_back('}');
+      first = false;
+    }
+    fmt::format_to(o, "],\"foreign_files\":[");
+    first = true;
+    for (const std::string &f : foreign_files(d)) {
+      if (!first) out.push_back(',');
+      json_string(out, f.c_str(), f.size());
       first = false;
     }
     fmt::format_to(o, "]}}");
@@ -242,17 +282,17 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
     if (e.state == kEntryFree) continue;
     unsigned clients = 0;
     for (uint64_t w : e.clients) clients += static_cast<unsigned>(__builtin_popcountll(w));
-    fmt::format_to(o, "    {:<24} {:<#16x} {:>12} {:>6} {:>8}  ", e.name,
+    fmt::format_to(o, "    {:<24} {:<#16x} {:>12} {:>6} {:>8}  ", field(e.name, sizeof e.name),
                    root.base + e.va_offset + e.data_offset, e.data_size, e.va_pages, clients);
     flag_names(out, e.flags, false);
     if (e.state != kEntryReady) fmt::format_to(o, " ({})", state_name(e.state));
     out.push_back('\n');
     if (!verbose) continue;
     char file[160] = "";
-    if ((e.flags & MRC_SEG_NODATA) == 0) segment_shm_name(d->prefix, e.generation, e.name, file);
+    if ((e.flags & MRC_SEG_NODATA) != 0 || !entry_file_name(d, e, file)) file[0] = '\0';
     fmt::format_to(o, "      generation {}  file {}{}  range [{:#x}, {:#x})", e.generation,
                    file[0] != '\0' ? "/dev/shm" : "-", file, root.base + e.va_offset,
-                   root.base + e.va_offset + (e.va_pages << root.va_page_shift));
+                   root.base + e.va_offset + (e.va_pages << kVaPageShift));
     if (e.numa_node >= 0) fmt::format_to(o, "  numa node {}", e.numa_node);
     out.push_back('\n');
     if ((e.flags & MRC_SEG_FILE) != 0) {
@@ -273,6 +313,11 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                      heap.allocs, heap.frees, heap.repairs,
                      heap.state != kHeapOk ? ", CORRUPT" : "");
     }
+  }
+  const std::vector<std::string> foreign = foreign_files(d);
+  if (!foreign.empty()) {
+    fmt::format_to(o, "  foreign files (not the domain's; check, repair and remove skip them):\n");
+    for (const std::string &f : foreign) fmt::format_to(o, "    {}\n", f);
   }
 }
 

@@ -8,6 +8,7 @@
 // CRASH CONSISTENCY: see layout.h and domain_internal.h (root removal, segment files).
 #include <dirent.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,14 +20,29 @@
 
 namespace mrc::seg {
 
+WindowLimits window_limits(const mrc_seg_domain *d) {
+  return WindowLimits{d->va_pages, d->root->next_generation};
+}
+
+bool entry_file_name(const mrc_seg_domain *d, const SegEntry &e, char (&out)[160]) {
+  if (std::memchr(e.name, '\0', sizeof e.name) == nullptr || !valid_name(e.name)) return false;
+  segment_shm_name(d->prefix, e.generation, e.file_tag, e.name, out);
+  return true;
+}
+
 void teardown_entry_locked(mrc_seg_domain *d, unsigned index) {
   RootHeader *root = d->root;
   SegEntry &e = root->segments[index];
+  // The values used are read once (shared memory: validate.h); a range outside the window frees
+  // no page, a scribbled name unlinks no file.
+  const uint32_t flags = e.flags;
+  const uint64_t va_offset = e.va_offset;
+  const uint64_t va_pages = e.va_pages;
   e.state = kEntryDeleting;
   commit();
-  if ((e.flags & MRC_SEG_NODATA) == 0) unlink_segment_file(d, e);
-  if (e.va_pages <= root->va_pages && e.va_offset / kVaPageSize <= root->va_pages - e.va_pages) {
-    mark_pages(root, e.va_offset / kVaPageSize, e.va_pages, false);
+  if ((flags & MRC_SEG_NODATA) == 0) unlink_segment_file(d, e);
+  if (va_offset % kVaPageSize == 0) {
+    mark_pages(root, d->va_pages, va_offset / kVaPageSize, va_pages, false);
   }
   commit();
   std::memset(&e, 0, sizeof e);  // state becomes kEntryFree
@@ -47,11 +63,13 @@ void release_slot_locked(mrc_seg_domain *d, unsigned slot) {
   std::memset(&root->clients[slot], 0, sizeof(ClientSlot));
 }
 
-// A slot whose presence lock nobody holds belongs to a dead process.
+// A slot whose presence lock nobody holds belongs to a dead process. A slot in a state that is
+// neither free nor active (garbage written into the table) is treated the same way: reaped when
+// no live process holds its presence lock, so garbage cannot take the slots for ever.
 unsigned reap_dead_locked(mrc_seg_domain *d) {
   unsigned reaped = 0;
   for (unsigned s = 0; s < kMaxClients; ++s) {
-    if (d->root->clients[s].state != kSlotActive || static_cast<int>(s) == d->slot) continue;
+    if (d->root->clients[s].state == kSlotFree || static_cast<int>(s) == d->slot) continue;
     if (ofd_held(d->fd, kPresenceLockOffset + static_cast<off_t>(s)) == 0) {
       release_slot_locked(d, s);
       d->root->clients_reaped++;
@@ -61,9 +79,10 @@ unsigned reap_dead_locked(mrc_seg_domain *d) {
   return reaped;
 }
 
+// Slots not free: after reap_dead_locked, a slot in a garbage state belongs to a live process.
 unsigned live_clients_locked(const mrc_seg_domain *d) {
   unsigned n = 0;
-  for (const ClientSlot &c : d->root->clients) n += c.state == kSlotActive ? 1U : 0U;
+  for (const ClientSlot &c : d->root->clients) n += c.state != kSlotFree ? 1U : 0U;
   return n;
 }
 
@@ -94,13 +113,12 @@ int claim_slot_locked(mrc_seg_domain *d) {
 void repair_locked(mrc_seg_domain *d) {
   RootHeader *root = d->root;
   root->repairs++;
+  const WindowLimits limits = window_limits(d);
   for (unsigned i = 0; i < kMaxSegments; ++i) {
     SegEntry &e = root->segments[i];
     if (e.state == kEntryFree) continue;
-    const bool in_window = e.va_pages != 0 && e.va_pages <= root->va_pages &&
-                           e.va_offset % kVaPageSize == 0 &&
-                           e.va_offset / kVaPageSize <= root->va_pages - e.va_pages;
-    if (e.state != kEntryReady || !in_window) {
+    // An entry that fails validate.h's checks is garbage: no process can have mapped it.
+    if (e.state != kEntryReady || check_entry(e, i, limits) != MRC_OK) {
       teardown_entry_locked(d, i);  // creating: roll back; deleting: roll forward
       continue;
     }
@@ -116,7 +134,9 @@ void repair_locked(mrc_seg_domain *d) {
   }
   std::memset(root->va_bitmap, 0, sizeof root->va_bitmap);
   for (const SegEntry &e : root->segments) {
-    if (e.state == kEntryReady) mark_pages(root, e.va_offset / kVaPageSize, e.va_pages, true);
+    if (e.state == kEntryReady) {
+      mark_pages(root, d->va_pages, e.va_offset / kVaPageSize, e.va_pages, true);
+    }
   }
 }
 
@@ -130,31 +150,56 @@ void teardown_domain_locked(mrc_seg_domain *d) {
   if (same_file(d->fd, d->root_name) && shm_unlink(d->root_name) == 0) d->files_unlinked++;
 }
 
-// Orphans: files of this prefix that no directory entry names (a crash between creating a
-// segment file and recording it cannot leave one, but a root removed by hand can).
+namespace {
+
+bool names_entry_locked(const mrc_seg_domain *d, uint64_t generation, uint64_t tag,
+                        const char *name) {
+  for (const SegEntry &e : d->root->segments) {
+    if (e.state != kEntryFree && e.generation == generation && e.file_tag == tag &&
+        std::strncmp(e.name, name, sizeof e.name) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+ShmFile classify_shm_file_locked(const mrc_seg_domain *d, const char *file) {
+  const size_t plen = std::strlen(d->prefix);
+  if (std::strncmp(file, d->prefix, plen) != 0 || file[plen] != ':') return ShmFile::Other;
+  if (std::strcmp(file + plen, ":root") == 0) return ShmFile::Root;
+  char path[300];
+  auto r = fmt::format_to_n(path, sizeof path - 1, "/dev/shm/{}", file);
+  *r.out = '\0';
+  struct stat st {};
+  // Not the domain's (another user's file, or not a regular file): it costs nothing, it is left
+  // alone, and mrc_seg_domain_describe lists it.
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+      !owned_by_domain(st.st_uid, st.st_gid, d->uid, d->gid, d->mode)) {
+    return ShmFile::Foreign;
+  }
+  uint64_t generation = 0, tag = 0;
+  const char *name = nullptr;
+  if (parse_segment_name(file + plen + 1, &generation, &tag, &name) &&
+      names_entry_locked(d, generation, tag, name)) {
+    return ShmFile::Segment;
+  }
+  return ShmFile::Orphan;
+}
+
+// Orphans: files of this prefix, owned by the domain, that no directory entry names (a crash
+// between creating a segment file and recording it cannot leave one, but a root removed by hand
+// can). Foreign files are left alone.
 void remove_orphans_locked(mrc_seg_domain *d) {
   DIR *dir = opendir("/dev/shm");
   if (dir == nullptr) return;
-  const size_t plen = std::strlen(d->prefix);
   while (dirent *ent = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): our own stream
-    const char *n = ent->d_name;
-    if (std::strncmp(n, d->prefix, plen) != 0 || n[plen] != ':') continue;
-    const char *rest = n + plen + 1;
-    char *end = nullptr;
-    errno = 0;
-    const unsigned long long gen = std::strtoull(rest, &end, 10);
-    if (errno != 0 || end == rest || *end != ':' || !valid_name(end + 1)) continue;
-    bool named = false;
-    for (const SegEntry &e : d->root->segments) {
-      if (e.state != kEntryFree && e.generation == gen && std::strcmp(e.name, end + 1) == 0) {
-        named = true;
-      }
-    }
-    if (named) continue;
-    SegEntry orphan{};
-    orphan.generation = gen;
-    std::strcpy(orphan.name, end + 1);  // NOLINT: valid_name bounds it
-    unlink_segment_file(d, orphan);
+    if (classify_shm_file_locked(d, ent->d_name) != ShmFile::Orphan) continue;
+    char name[300];
+    auto r = fmt::format_to_n(name, sizeof name - 1, "/{}", ent->d_name);
+    *r.out = '\0';
+    if (shm_unlink(name) == 0) d->files_unlinked++;
   }
   closedir(dir);
 }

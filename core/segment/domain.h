@@ -5,7 +5,9 @@
 //  - g_registry (registry.cc) lists the domains this process has joined, one per prefix; guarded
 //    by a process-local mutex, which domain open/close hold throughout (so two threads never
 //    race to reserve the same window) and which fork() holds (pthread_atfork), so a child
-//    sees a consistent list and closes its copies of the presence descriptors.
+//    sees a consistent list and closes its copies of the presence descriptors. fork() holds
+//    each listed domain's mu too (after the registry mutex: the lock order below), so that the
+//    child can close the segments it inherited (registry.cc, close_inherited).
 //  - mrc_seg_domain::mu (process-local) guards refs, open_segments and the mappings list, and
 //    serialises this process's segment open/close (a close re-reserves the range before another
 //    thread can map something there). Lock order: registry mutex, then mu, then the shared
@@ -61,6 +63,9 @@ struct mrc_seg_domain {
   mrc::seg::RootHeader *root = nullptr;
   uintptr_t base = 0;  // the window, reserved in this process unless observer
   size_t size = 0;
+  // The window's pages as validated at join (observers too): the bound of every page index,
+  // never re-read from the root, where any member could change it.
+  uint64_t va_pages = 0;
   int slot = -1;
   uint64_t domain_id = 0;
   char prefix[mrc::seg::kNameMax + 1] = {};
@@ -98,6 +103,11 @@ void unlock_domain(mrc_seg_domain *domain) noexcept;
 // registry.cc: false (and the last error set) for a NULL or closed handle, or one of the
 // parent of this fork() child.
 bool usable_here(const mrc_seg_domain *domain) noexcept;
+// registry.cc: true for a domain handle this fork() child inherited from its parent.
+bool inherited(const mrc_seg_domain *domain);
+// registry.cc: mrc_seg_close of a segment this fork() child inherited: unmapped here (back to the
+// inherited reservation), the directory untouched (the parent still has it open).
+void close_inherited(mrc_seg *seg) noexcept;
 
 // files.cc: re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped
 // there (its own segment): the munmap the cache's monitor sees.

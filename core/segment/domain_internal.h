@@ -26,6 +26,7 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/layout.h"
+#include "core/segment/validate.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::seg {
@@ -89,16 +90,23 @@ bool same_file(int fd, const char *name);
 void unlink_segment_file(mrc_seg_domain *d, const SegEntry &e);
 
 // ---- bitmap.cc: the page bitmap and the client bitmaps -------------------------------------
+// Page indexes are bounded by the window's pages as validated at join (mrc_seg_domain::va_pages,
+// at most kMaxVaPages); a range outside them is ignored.
 bool page_used(const RootHeader *root, uint64_t i);
-void mark_pages(RootHeader *root, uint64_t first, uint64_t count, bool used);
-// First fit; the number of pages or ~0.
-uint64_t find_pages(const RootHeader *root, uint64_t count);
+void mark_pages(RootHeader *root, uint64_t window_pages, uint64_t first, uint64_t count, bool used);
+// First fit among window_pages; the number of pages or ~0.
+uint64_t find_pages(const RootHeader *root, uint64_t window_pages, uint64_t count);
 bool has_clients(const SegEntry &e);
 unsigned count_clients(const SegEntry &e);
 bool client_bit(const SegEntry &e, unsigned slot);
 void set_client_bit(SegEntry &e, unsigned slot, bool on);
 
 // ---- directory.cc: directory and clients (all *_locked) ------------------------------------
+// The limits entries are checked against (validate.h): this process's window, and the
+// generations handed out so far.
+WindowLimits window_limits(const mrc_seg_domain *d);
+// The file name of entry `e`; false (and no name) when its name field is not a valid name.
+bool entry_file_name(const mrc_seg_domain *d, const SegEntry &e, char (&out)[160]);
 void teardown_entry_locked(mrc_seg_domain *d, unsigned index);
 void release_slot_locked(mrc_seg_domain *d, unsigned slot);
 // A slot whose presence lock nobody holds belongs to a dead process.
@@ -109,7 +117,13 @@ int claim_slot_locked(mrc_seg_domain *d);
 void repair_locked(mrc_seg_domain *d);
 // The last client is gone: remove everything. REQUIRES: no live client.
 void teardown_domain_locked(mrc_seg_domain *d);
-// Orphans: files of this prefix that no directory entry names.
+// What a file in /dev/shm is to the domain: not of its prefix, its root, a segment file a
+// directory entry names, an orphan (the domain's own file that no entry names: a leak), or a
+// foreign file (of the prefix's name space, but not the domain's: another user's, or not a
+// regular file; left alone by check, repair and remove, listed by describe).
+enum class ShmFile { Other, Root, Segment, Orphan, Foreign };
+ShmFile classify_shm_file_locked(const mrc_seg_domain *d, const char *file);
+// Unlinks the orphans.
 void remove_orphans_locked(mrc_seg_domain *d);
 
 }  // namespace mrc::seg

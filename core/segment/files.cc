@@ -52,7 +52,7 @@ mrc_status_t reserve_window(uint64_t base, uint64_t size) {
 // The segment file of `e`, unlinked when it is ours (owned by the domain's uid).
 void unlink_segment_file(mrc_seg_domain *d, const SegEntry &e) {
   char name[160];
-  segment_shm_name(d->prefix, e.generation, e.name, name);
+  if (!entry_file_name(d, e, name)) return;  // a scribbled name names no file of ours
   const int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) return;  // never created, or already gone
   struct stat st {};

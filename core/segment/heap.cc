@@ -1,6 +1,12 @@
 // The shared heap. SYNCHRONIZATION and CRASH CONSISTENCY: see heap.h. In short: everything under
 // HeapHeader::lock; the chain of block sizes changes by single 8-byte stores separated by
 // compiler fences; everything else is rebuilt by repair_locked() after EOWNERDEAD.
+//
+// Shared memory is input (validate.h): the heap's size is the one this process mapped
+// (data_size_), never the header's word; the header is checked when the lock is taken, and each
+// offset read from a block (a size, a free-list link) is checked before it is followed, so a
+// scribbled word makes the call fail with MRC_ERR_IO and nothing outside the mapping is touched.
+// Free-list walks are bounded by the number of blocks the heap can hold (a cycle ends them).
 #include "core/segment/heap.h"
 
 #include <atomic>
@@ -8,16 +14,17 @@
 #include <new>
 
 #include "core/segment/sys.h"
+#include "core/segment/validate.h"
 
 namespace mrc::seg {
 
 namespace {
 
-constexpr uint64_t kNil = ~uint64_t{0};
+constexpr uint64_t kNil = kHeapNil;
 constexpr uint64_t kUsed = 1;
-constexpr uint64_t kGrain = 16;
+constexpr uint64_t kGrain = kHeapGrain;
 constexpr uint64_t kHeader = 16;
-constexpr uint64_t kMinBlock = 32;  // header + the two free-list links
+constexpr uint64_t kMinBlock = kHeapMinBlock;
 constexpr uint32_t kUsedCheck = 0x5a17c0deU;
 constexpr uint64_t kLockTimeoutNs = 10ULL * 1000 * 1000 * 1000;
 
@@ -37,9 +44,12 @@ inline void commit() noexcept { std::atomic_signal_fence(std::memory_order_seq_c
 
 inline uint64_t round_up(uint64_t v, uint64_t a) noexcept { return (v + a - 1) & ~(a - 1); }
 
+// Block access for a heap of heap_size bytes (process-local, validated). REQUIRES for block():
+// off + 16 <= heap_size; for links(): is_block(off).
 class View {
  public:
-  View(HeapHeader *h, char *data) noexcept : h_(h), data_(data) {}
+  View(HeapHeader *h, char *data, uint64_t heap_size) noexcept
+      : h_(h), data_(data), heap_size_(heap_size) {}
 
   Block *block(uint64_t off) const noexcept {
     return reinterpret_cast<Block *>(data_ + off);  // NOLINT: shared memory
@@ -71,40 +81,62 @@ class View {
   }
   void set_next_prev(uint64_t off, uint64_t size) const noexcept {
     const uint64_t next = off + size;
-    if (next < h_->heap_size) block(next)->prev_units = static_cast<uint32_t>(size / kGrain);
+    if (next < heap_size_) block(next)->prev_units = static_cast<uint32_t>(size / kGrain);
   }
 
-  void push(uint64_t off) const noexcept {
+  // A possible block start: aligned, with room for a header and the links.
+  bool is_block(uint64_t off) const noexcept {
+    return off < heap_size_ && off % kGrain == 0 && heap_size_ - off >= kMinBlock;
+  }
+  bool link_ok(uint64_t off) const noexcept { return off == kNil || is_block(off); }
+  // A block whose size word fits the heap from `off` on.
+  bool size_ok(uint64_t off) const noexcept {
+    if (!is_block(off)) return false;
+    const uint64_t size = size_of(off);
+    return size >= kMinBlock && size <= heap_size_ - off;
+  }
+
+  // REQUIRES: is_block(off). Both links of a free block are none or possible blocks.
+  bool links_ok(uint64_t off) const noexcept {
+    const Links *l = links(off);
+    return link_ok(l->prev) && link_ok(l->next);
+  }
+
+  // Each link is read once, checked, then used. false (nothing written) when one is not a block.
+  [[nodiscard]] bool push(uint64_t off) const noexcept {
+    const uint64_t head = h_->free_head;
+    if (!link_ok(head)) return false;
     Links *l = links(off);
-    l->next = h_->free_head;
+    l->next = head;
     l->prev = kNil;
-    if (h_->free_head != kNil) links(h_->free_head)->prev = off;
+    if (head != kNil) links(head)->prev = off;
     h_->free_head = off;
+    return true;
   }
-  void remove(uint64_t off) const noexcept {
+  [[nodiscard]] bool remove(uint64_t off) const noexcept {
     Links *l = links(off);
-    if (l->prev != kNil) {
-      links(l->prev)->next = l->next;
+    const uint64_t prev = l->prev;
+    const uint64_t next = l->next;
+    if (!link_ok(prev) || !link_ok(next)) return false;
+    if (prev != kNil) {
+      links(prev)->next = next;
     } else {
-      h_->free_head = l->next;
+      h_->free_head = next;
     }
-    if (l->next != kNil) links(l->next)->prev = l->prev;
-  }
-
-  bool plausible(uint64_t off) const noexcept {
-    return off < h_->heap_size && off % kGrain == 0 && h_->heap_size - off >= kMinBlock;
+    if (next != kNil) links(next)->prev = prev;
+    return true;
   }
 
  private:
   HeapHeader *h_;
   char *data_;
+  uint64_t heap_size_;
 };
 
 }  // namespace
 
 mrc_status_t SharedHeap::init(HeapHeader *header, char *data, uint64_t data_size) noexcept {
-  uint64_t size = data_size & ~(kGrain - 1);
-  if (size > kMaxHeapSize) size = kMaxHeapSize;
+  const uint64_t size = heap_size_for(data_size);
   if (size < kMinBlock) return fail(MRC_ERR_INVALID, "segment too small for a heap");
   const int rc = robust_mutex_init(&header->lock);
   if (rc != 0) return fail(MRC_ERR_IO, "heap mutex init: {}", errno_text(rc));
@@ -113,22 +145,29 @@ mrc_status_t SharedHeap::init(HeapHeader *header, char *data, uint64_t data_size
   header->bytes_used = header->used_blocks = header->free_blocks = 0;
   header->allocs = header->frees = header->repairs = 0;
   header->state = kHeapOk;
-  View v(header, data);
+  View v(header, data, size);
   v.write_block(0, size, false, 0);
-  v.push(0);
+  (void)v.push(0);  // the list is empty: nothing to check
   header->free_blocks = 1;
   return MRC_OK;
 }
 
 mrc_status_t SharedHeap::lock(bool *repaired) noexcept {
   if (repaired != nullptr) *repaired = false;
+  // The header as it is now: checked once locked (a dead owner's repair rebuilds the derived
+  // fields, so they are checked after it).
+  auto checked = [&]() noexcept {
+    const mrc_status_t st = check_heap_header(*header_, data_size_);
+    if (st != MRC_OK) pthread_mutex_unlock(&header_->lock);
+    return st;
+  };
   switch (robust_lock(&header_->lock, monotonic_ns() + kLockTimeoutNs)) {
-    case LockResult::Acquired: return MRC_OK;
+    case LockResult::Acquired: return checked();
     case LockResult::OwnerDied:
-      repair_locked();
+      if (header_->heap_size == heap_size_for(data_size_)) repair_locked();
       pthread_mutex_consistent(&header_->lock);
       if (repaired != nullptr) *repaired = true;
-      return MRC_OK;
+      return checked();
     case LockResult::Timeout: {
       const MutexState s = mutex_state(&header_->lock);
       return fail(MRC_ERR_BUSY, "heap lock held for 10 s by live thread {}", s.owner_tid);
@@ -142,8 +181,8 @@ mrc_status_t SharedHeap::lock(bool *repaired) noexcept {
 void SharedHeap::unlock() noexcept { pthread_mutex_unlock(&header_->lock); }
 
 void SharedHeap::repair_locked() noexcept {
-  View v(header_, data_);
-  const uint64_t heap_size = header_->heap_size;
+  const uint64_t heap_size = heap_size_for(data_size_);
+  View v(header_, data_, heap_size);
   header_->free_head = kNil;
   uint64_t used_blocks = 0, free_blocks = 0, bytes_used = 0;
   uint64_t prev = kNil, prev_size = 0, tail = kNil;
@@ -200,9 +239,9 @@ void *SharedHeap::alloc(size_t size, size_t align) noexcept {
     return nullptr;
   }
   if (align < kGrain) align = kGrain;
-  if (size > header_->heap_size || align > header_->heap_size) {
-    set_error("{} bytes (alignment {}) do not fit a heap of {} bytes", size, align,
-              header_->heap_size);
+  const uint64_t heap_size = heap_size_for(data_size_);
+  if (size > heap_size || align > heap_size) {
+    set_error("{} bytes (alignment {}) do not fit a heap of {} bytes", size, align, heap_size);
     return nullptr;
   }
   uint64_t need = round_up(size == 0 ? 1 : size, kGrain) + kHeader;
@@ -214,17 +253,20 @@ void *SharedHeap::alloc(size_t size, size_t align) noexcept {
     set_error("heap is corrupt");
     return nullptr;
   }
-  View v(header_, data_);
+  View v(header_, data_, heap_size);
   const auto data_addr = reinterpret_cast<uintptr_t>(data_);
   uint64_t found = kNil, lead = 0, found_size = 0;
-  uint64_t budget = header_->free_blocks + 1;
+  // Only a scribble from outside the heap code makes this fail: refuse to allocate from then on.
+  auto corrupt = [&](const char *what, uint64_t off) {
+    header_->state = kHeapCorrupt;
+    unlock();
+    set_error("heap {} at offset {}", what, off);
+    return nullptr;
+  };
+  // A heap holds at most heap_size / kMinBlock blocks: a longer walk went round a cycle.
+  uint64_t budget = heap_size / kMinBlock + 1;
   for (uint64_t f = header_->free_head; f != kNil; f = v.links(f)->next) {
-    if (budget-- == 0 || !v.plausible(f) || v.used(f)) {
-      header_->state = kHeapCorrupt;  // only a scribble from outside the heap code gets here
-      unlock();
-      set_error("heap free list corrupt at offset {}", f);
-      return nullptr;
-    }
+    if (budget-- == 0 || !v.size_ok(f) || v.used(f)) return corrupt("free list corrupt", f);
     const uint64_t s = v.size_of(f);
     uint64_t payload = round_up(data_addr + f + kHeader, align) - data_addr;
     uint64_t l = payload - kHeader - f;
@@ -251,16 +293,18 @@ void *SharedHeap::alloc(size_t size, size_t align) noexcept {
     v.write_block(b, bsize, false, lead);
     v.set_word(found, lead, false);
     v.set_next_prev(b, bsize);
-  } else {
-    v.remove(found);
+  } else if (!v.remove(found)) {
+    return corrupt("free-list link corrupt", found);
   }
   const uint64_t rest = bsize - need;
   if (rest >= kMinBlock) {
     const uint64_t r = b + need;
+    // The list head is checked before the chain changes: a bad one changes nothing.
+    if (!v.link_ok(header_->free_head)) return corrupt("free_head corrupt", header_->free_head);
     v.write_block(r, rest, false, need);
     v.block(b)->check = View::check_for(b);
     v.set_word(b, need, true);
-    v.push(r);
+    if (!v.push(r)) return corrupt("free_head corrupt", header_->free_head);
     v.set_next_prev(r, rest);
     header_->free_blocks += lead != 0 ? 1U : 0U;
     bsize = need;
@@ -279,20 +323,30 @@ void *SharedHeap::alloc(size_t size, size_t align) noexcept {
 bool SharedHeap::free(void *ptr) noexcept {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   const auto d = reinterpret_cast<uintptr_t>(data_);
-  if (p < d + kHeader || (p - d) % kGrain != 0 || p - d - kHeader >= header_->heap_size) {
+  const uint64_t heap_size = heap_size_for(data_size_);
+  if (p < d + kHeader || (p - d) % kGrain != 0 || p - d - kHeader >= heap_size) {
     set_error("free: {} is not inside this heap", ptr);
     return false;
   }
   uint64_t off = p - d - kHeader;
   if (lock(nullptr) != MRC_OK) return false;
-  View v(header_, data_);
+  View v(header_, data_, heap_size);
   const uint64_t w = v.word(off);
   uint64_t size = w & ~(kGrain - 1);
   if (header_->state != kHeapOk || (w & kUsed) == 0 ||
-      v.block(off)->check != View::check_for(off) || size < kMinBlock ||
-      size > header_->heap_size - off) {
+      v.block(off)->check != View::check_for(off) || size < kMinBlock || size > heap_size - off) {
     unlock();
     set_error("free: {} is not a live block (double free?)", ptr);
+    return false;
+  }
+  // Everything the free will follow is checked before the first store: the next block's size and
+  // links, the list head. A scribble fails it with nothing changed.
+  const uint64_t next = off + size;
+  const bool merge_next = next < heap_size && !v.used(next);
+  if ((merge_next && (!v.size_ok(next) || !v.links_ok(next))) || !v.link_ok(header_->free_head)) {
+    header_->state = kHeapCorrupt;
+    unlock();
+    set_error("free: heap corrupt next to {}", ptr);
     return false;
   }
   header_->used_blocks--;
@@ -300,9 +354,15 @@ bool SharedHeap::free(void *ptr) noexcept {
   header_->frees++;
   v.block(off)->check = 0;
   v.set_word(off, size, false);
-  const uint64_t next = off + size;
-  if (next < header_->heap_size && !v.used(next)) {
-    v.remove(next);
+  if (merge_next) {
+    if (!v.remove(next)) {
+      // The chain is consistent (a free block next to a free block; repair merges them), the
+      // list is not: refuse further allocations.
+      header_->state = kHeapCorrupt;
+      unlock();
+      set_error("free: free-list link of the block after {} is corrupt", ptr);
+      return true;
+    }
     size += v.size_of(next);
     v.set_word(off, size, false);
     header_->free_blocks--;
@@ -314,9 +374,10 @@ bool SharedHeap::free(void *ptr) noexcept {
     off -= prev_size;
     size += prev_size;
     v.set_word(off, size, false);  // the previous block is in the list already
-  } else {
-    v.push(off);
+  } else if (v.push(off)) {
     header_->free_blocks++;
+  } else {
+    header_->state = kHeapCorrupt;  // the head changed under us: only a scribble does that
   }
   v.set_next_prev(off, size);
   unlock();
@@ -324,8 +385,8 @@ bool SharedHeap::free(void *ptr) noexcept {
 }
 
 mrc_status_t SharedHeap::verify_locked(mrc_seg_heap_stats_t *stats) noexcept {
-  View v(header_, data_);
-  const uint64_t heap_size = header_->heap_size;
+  const uint64_t heap_size = heap_size_for(data_size_);
+  View v(header_, data_, heap_size);
   if (header_->state != kHeapOk) return fail(MRC_ERR_IO, "heap marked corrupt");
   const uint64_t units = heap_size / kGrain;
   auto *is_free = new (std::nothrow) uint64_t[(units + 63) / 64]();

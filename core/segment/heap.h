@@ -25,12 +25,20 @@
 
 namespace mrc::seg {
 
+// The block format (heap.cc; validate.cc checks headers against it).
+inline constexpr uint64_t kHeapNil = ~uint64_t{0};  // no block (an empty free list)
+inline constexpr uint64_t kHeapGrain = 16;          // offsets and sizes are multiples of this
+inline constexpr uint64_t kHeapMinBlock = 32;       // header + the two free-list links
+
 class SharedHeap {
  public:
   // The largest heap: prev_units is 32 bits of 16-byte units.
   static constexpr uint64_t kMaxHeapSize = (uint64_t{1} << 36) - 16;
 
-  SharedHeap(HeapHeader *header, char *data) noexcept : header_(header), data_(data) {}
+  // data_size: the usable bytes as this process mapped them (never read from the header): no
+  // access of the heap goes past them, whatever the shared header says.
+  SharedHeap(HeapHeader *header, char *data, uint64_t data_size) noexcept
+      : header_(header), data_(data), data_size_(data_size) {}
 
   // REQUIRES: nobody else can see `header` yet (the segment is being created).
   [[nodiscard]] static mrc_status_t init(HeapHeader *header, char *data,
@@ -39,7 +47,9 @@ class SharedHeap {
   void *alloc(size_t size, size_t align) noexcept;
   // false (and the reason in the last error) when ptr is not a live block of this heap.
   bool free(void *ptr) noexcept;
-  // Lock (recovering a dead owner's lock), verify, fill stats (may be NULL).
+  // Lock (recovering a dead owner's lock), verify, fill stats (may be NULL). Every value of the
+  // shared header and of the blocks is checked before use (validate.h): a bad one is MRC_ERR_IO
+  // and nothing outside [data, data + data_size) is read or written.
   [[nodiscard]] mrc_status_t check(mrc_seg_heap_stats_t *stats) noexcept;
   // Lock and unlock only: recovers the lock if its owner died. true when a repair ran.
   [[nodiscard]] mrc_status_t recover(bool *repaired) noexcept;
@@ -56,6 +66,7 @@ class SharedHeap {
 
   HeapHeader *header_;
   char *data_;
+  uint64_t data_size_;
 };
 
 }  // namespace mrc::seg

@@ -150,6 +150,7 @@ mrc_status_t create_root(const Resolved &r, mrc_seg_domain *d, bool observer, in
   d->root = root;
   d->base = base;
   d->size = size;
+  d->va_pages = size / kVaPageSize;
   d->slot = 0;
   d->created = true;
   d->domain_id = root->domain_id;
@@ -242,6 +243,7 @@ mrc_status_t join_root(const Resolved &r, mrc_seg_domain *d, bool observer, uint
   d->fd = fd;
   d->root = root;
   d->domain_id = root->domain_id;
+  d->va_pages = root->va_pages;  // validated above; never read from the root again
   if (!observer) {
     st = reserve_window(root->base, root->size);
     if (st != MRC_OK) {

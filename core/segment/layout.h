@@ -42,8 +42,8 @@ namespace mrc::seg {
 
 inline constexpr uint64_t kRootMagic = 0x314e4d4f44435252ULL;  // "RRCDOMN1"
 inline constexpr uint64_t kSegMagic = 0x3154474553435252ULL;   // "RRCSEGT1"
-inline constexpr uint32_t kLayoutVersion = 1;
-inline constexpr uint32_t kReadyWord = 0x59445259;  // "YRDY": the root is initialised
+inline constexpr uint32_t kLayoutVersion = 2;                  // 2: SegEntry::file_tag
+inline constexpr uint32_t kReadyWord = 0x59445259;             // "YRDY": the root is initialised
 
 inline constexpr unsigned kMaxClients = 512;
 inline constexpr unsigned kMaxSegments = 256;
@@ -87,6 +87,7 @@ struct SegEntry {
   uint32_t creator_slot;
   uint64_t created_ns;
   uint64_t backing_dev, backing_ino;  // MRC_SEG_FILE: the identity joiners must find
+  uint64_t file_tag;  // random (getrandom), part of the file name: no other user can guess it
   char name[kNameMax + 1];
   uint64_t clients[kMaxClients / 64];  // bit i: client slot i has the segment open
   char backing_path[kPathMax + 1];

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -23,6 +24,7 @@
 #include "core/segment/heap.h"
 #include "core/segment/seg_params.h"
 #include "core/segment/sys.h"
+#include "core/segment/validate.h"
 
 namespace mrc::seg {
 
@@ -276,11 +278,13 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   std::memcpy(&h, peek, sizeof h);
   munmap(peek, page);
   const uint64_t header = page > kSegHeaderSize ? page : kSegHeaderSize;
-  if (h.magic != kSegMagic || h.layout_version != kLayoutVersion || h.base != msg.base ||
-      h.map_size != msg.map_size || h.data_offset != header ||
-      h.data_size != msg.map_size - header || !valid_name(h.name) ||
-      (h.flags & ~static_cast<unsigned>(MRC_SEG_HEAP | MRC_SEG_HUGETLB)) != 0) {
-    return reject(fail(MRC_ERR_INVALID, "memfd segment header is not sane: refused"));
+  // The peer is not trusted (validate.h): every field is checked, the heap's too. The heap is
+  // checked again each time its lock is taken, since the peer can still write to it.
+  if (check_memfd_header(h, msg.base, msg.map_size, header) != MRC_OK ||
+      ((h.flags & MRC_SEG_HEAP) != 0 && check_heap_header(h.heap, h.data_size) != MRC_OK)) {
+    char why[mrc::kLastErrorSize];
+    std::snprintf(why, sizeof why, "%s", mrc_seg_last_error());
+    return reject(fail(MRC_ERR_INVALID, "memfd segment header is not sane ({}): refused", why));
   }
   void *want = reinterpret_cast<void *>(msg.base);
   void *got =

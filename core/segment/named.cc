@@ -124,21 +124,19 @@ mrc_seg *new_handle(mrc_seg_domain *d, MappedSegment *m, bool created) {
   return seg;
 }
 
-// Validates the header of a segment mapped at `start` against its directory entry.
+// Validates the header of a segment mapped at `start` against its directory entry: a file that
+// fails the header checks is MRC_ERR_INVALID (segment.h), the field named.
 mrc_status_t validate_segment(const mrc_seg_domain *d, const SegEntry &e, const char *start) {
   const auto *h = reinterpret_cast<const SegHeader *>(start);
-  const auto base = reinterpret_cast<uint64_t>(start);
-  if (h->magic != kSegMagic || h->layout_version != kLayoutVersion ||
-      h->domain_id != d->domain_id || h->generation != e.generation || h->base != base ||
-      h->map_size != e.map_size || h->data_offset != e.data_offset || h->data_size != e.data_size ||
-      std::strncmp(h->name, e.name, sizeof h->name) != 0) {
-    return fail(MRC_ERR_INVALID,
-                "segment {}: its header does not match its directory entry: refused", e.name);
+  if (check_segment_header(*h, e, d->domain_id, reinterpret_cast<uint64_t>(start)) != MRC_OK) {
+    return MRC_ERR_INVALID;
   }
   return MRC_OK;
 }
 
-// Maps a ready segment at its window address. REQUIRES: domain lock held.
+// Maps a ready segment at its window address. REQUIRES: domain lock held; `e` is a copy of the
+// entry that passed check_entry (validate.h): its range lies inside this process's window, so the
+// MAP_FIXED below replaces only our own reservation.
 mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSegment *m) {
   char *start = reinterpret_cast<char *>(d->base + e.va_offset);
   m->start = start;
@@ -148,7 +146,7 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSeg
   m->data_size = e.data_size;
   if ((e.flags & MRC_SEG_NODATA) != 0) return MRC_OK;
   char name[160];
-  segment_shm_name(d->prefix, e.generation, e.name, name);
+  if (!entry_file_name(d, e, name)) return fail(MRC_ERR_IO, "segment entry: bad name");
   const int fd = shm_open(name, O_RDWR, 0);
   if (fd < 0) return fail(MRC_ERR_IO, "segment file /dev/shm{}: {}", name, errno_text(errno));
   char what[200];
@@ -230,7 +228,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
       break;
     }
   }
-  const uint64_t first = find_pages(root, lay.va_pages);
+  const uint64_t first = find_pages(root, d->va_pages, lay.va_pages);
   if (index == kMaxSegments || first == ~uint64_t{0}) {
     if (backing_fd >= 0) close(backing_fd);
     return index == kMaxSegments
@@ -244,6 +242,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   std::memset(&e, 0, sizeof e);
   e.flags = p->flags & (MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE);
   e.generation = root->next_generation++;
+  e.file_tag = random_u64();
   e.va_offset = first * kVaPageSize;
   e.va_pages = lay.va_pages;
   e.map_size = lay.map_size;
@@ -263,7 +262,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   commit();
   e.state = kEntryCreating;
   commit();
-  mark_pages(root, first, lay.va_pages, true);
+  mark_pages(root, d->va_pages, first, lay.va_pages, true);
 
   char *start = reinterpret_cast<char *>(d->base + e.va_offset);
   m->start = start;
@@ -274,8 +273,15 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   mrc_status_t st = MRC_OK;
   if ((p->flags & MRC_SEG_NODATA) == 0) {
     char name[160];
-    segment_shm_name(d->prefix, e.generation, e.name, name);
-    const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+    segment_shm_name(d->prefix, e.generation, e.file_tag, p->name, name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+    // Taken: by a file that someone guessed (or a crash left) under this very name. A new tag
+    // gives a new name; the other file costs us nothing (check and repair skip foreign files).
+    for (int attempt = 0; fd < 0 && errno == EEXIST && attempt < 8; ++attempt) {
+      e.file_tag = random_u64();
+      segment_shm_name(d->prefix, e.generation, e.file_tag, p->name, name);
+      fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+    }
     if (fd < 0) {
       st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, errno_text(errno));
     } else {
@@ -371,10 +377,16 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
   }
   bool created = false;
   MappedSegment *result = nullptr;
+  // The entry as used: a copy, checked (validate.h) before anything of it is used, so a value
+  // scribbled into the directory is MRC_ERR_IO and never an address.
+  SegEntry e{};
   if (found >= 0) {
-    SegEntry &e = root->segments[found];
+    e = root->segments[found];
     const unsigned kinds = MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE;
-    if ((p->flags & MRC_SEG_EXCL) != 0) {
+    st = check_entry(e, static_cast<unsigned>(found), window_limits(d));
+    if (st != MRC_OK) {
+      // MRC_ERR_IO with the field named.
+    } else if ((p->flags & MRC_SEG_EXCL) != 0) {
       st = fail(MRC_ERR_EXISTS, "segment {} exists", p->name);
     } else if ((p->flags & kinds) != e.flags) {
       st = fail(MRC_ERR_INVALID, "segment {} exists with flags {:#x}, asked {:#x}", p->name,
@@ -391,7 +403,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
         if (st == MRC_OK) {
           m->entry = static_cast<uint32_t>(found);
           m->generation = e.generation;
-          set_client_bit(e, static_cast<unsigned>(d->slot), true);
+          set_client_bit(root->segments[found], static_cast<unsigned>(d->slot), true);
           result = m;
         }
       }
@@ -401,6 +413,7 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
   } else {
     st = create_locked(d, p, m);
     if (st == MRC_OK) {
+      e = root->segments[m->entry];
       result = m;
       created = true;
     }
@@ -408,10 +421,10 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
   unlock_domain(d);
   if (st == MRC_OK) {
     if (result == m) {
-      const SegEntry &e = root->segments[m->entry];
       m->flags = e.flags;
       m->numa_node = e.numa_node;
-      std::strcpy(m->name, e.name);  // NOLINT: bounded
+      std::memcpy(m->name, e.name, sizeof m->name);  // checked, or ours
+      m->name[kNameMax] = '\0';
       m->next = d->maps;
       d->maps = m;
     } else {

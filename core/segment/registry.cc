@@ -19,14 +19,24 @@
 
 namespace mrc::seg {
 
+bool inherited(const mrc_seg_domain *d) { return d->forked || d->pid != getpid(); }
+
 namespace {
 
 pthread_mutex_t g_registry_mu = PTHREAD_MUTEX_INITIALIZER;
 mrc_seg_domain *g_registry = nullptr;
 pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
-void atfork_prepare() { pthread_mutex_lock(&g_registry_mu); }
-void atfork_parent() { pthread_mutex_unlock(&g_registry_mu); }
+// Each domain's mu too (the lock order: registry mutex, then mu), so that the child's copies
+// are consistent and unlocked: the child may still close the segments it inherited.
+void atfork_prepare() {
+  pthread_mutex_lock(&g_registry_mu);
+  for (mrc_seg_domain *d = g_registry; d != nullptr; d = d->next) pthread_mutex_lock(&d->mu);
+}
+void atfork_parent() {
+  for (mrc_seg_domain *d = g_registry; d != nullptr; d = d->next) pthread_mutex_unlock(&d->mu);
+  pthread_mutex_unlock(&g_registry_mu);
+}
 // The child must not keep the parent's presence locks alive: an OFD lock lives as long as any
 // descriptor of its open file description, and the child's copy is one.
 void atfork_child() {
@@ -34,18 +44,21 @@ void atfork_child() {
     if (d->fd >= 0) close(d->fd);
     d->fd = -1;
     d->forked = true;
+    pthread_mutex_unlock(&d->mu);
   }
   pthread_mutex_unlock(&g_registry_mu);
 }
 void install_atfork() { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 // A fork child's copies: unmap them (the child may open the same domain again) but keep the
-// objects, in case the child still holds their handles (calls on them fail cleanly).
+// objects, in case the child still holds their handles (calls on them fail cleanly). A copy with
+// inherited segments still open stays mapped and listed: unmapping its window would pull the
+// memory from under those segments (segment.h, fork()); open_domain refuses its prefix.
 void forget_forked_locked() {
   mrc_seg_domain **link = &g_registry;
   while (*link != nullptr) {
     mrc_seg_domain *d = *link;
-    if (d->forked || d->pid != getpid()) {
+    if (inherited(d) && d->open_segments == 0) {
       *link = d->next;
       d->forked = true;
       if (d->size != 0) munmap(reinterpret_cast<void *>(d->base), d->size);
@@ -98,7 +111,16 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
   forget_forked_locked();
   if (!observer) {
     for (mrc_seg_domain *d = g_registry; d != nullptr; d = d->next) {
-      if (std::strcmp(d->prefix, r.prefix) == 0) {
+      if (std::strcmp(d->prefix, r.prefix) != 0) continue;
+      if (inherited(d)) {
+        const int open = d->open_segments;
+        pthread_mutex_unlock(&g_registry_mu);
+        return fail(MRC_ERR_BUSY,
+                    "this fork() child still has {} segments of domain {} inherited from its "
+                    "parent: mrc_seg_close them first (until then they stay usable here)",
+                    open, r.prefix);
+      }
+      {
         pthread_mutex_lock(&d->mu);
         d->refs++;
         pthread_mutex_unlock(&d->mu);
@@ -190,6 +212,25 @@ mrc_status_t release_domain(mrc_seg_domain *d, unsigned *unlinked) {
   const mrc_status_t st = close_domain_locked(d, unlinked);
   pthread_mutex_unlock(&g_registry_mu);
   return st;
+}
+
+void close_inherited(mrc_seg *seg) noexcept {
+  mrc_seg_domain *d = seg->domain;
+  MappedSegment *m = seg->map;
+  pthread_mutex_lock(&d->mu);
+  if (--m->refs == 0) {
+    // Back to the reservation the child inherited; the directory is the parent's business.
+    if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
+    for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
+      if (*link == m) {
+        *link = m->next;
+        break;
+      }
+    }
+    delete m;
+  }
+  d->open_segments--;
+  pthread_mutex_unlock(&d->mu);
 }
 
 bool usable_here(const mrc_seg_domain *d) noexcept {

@@ -134,20 +134,20 @@ void *mrc_seg_alloc(mrc_seg_t *seg, size_t size, size_t align) {
     mrc::seg::set_error("segment has no heap");
     return nullptr;
   }
-  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data, seg->map->data_size);
   return heap.alloc(size, align);
 }
 
 void mrc_seg_free(mrc_seg_t *seg, void *ptr) {
   if (ptr == nullptr || !has_heap(seg)) return;
-  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data, seg->map->data_size);
   (void)heap.free(ptr);
 }
 
 mrc_status_t mrc_seg_heap_check(mrc_seg_t *seg, mrc_seg_heap_stats_t *stats) {
   mrc::seg::clear_error();
   if (!has_heap(seg)) return fail(MRC_ERR_INVALID, "segment has no heap");
-  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data);
+  mrc::seg::SharedHeap heap(&seg->map->header->heap, seg->map->data, seg->map->data_size);
   return heap.check(stats);
 }
 
@@ -187,6 +187,14 @@ mrc_status_t mrc_seg_close(mrc_seg_t *seg) {
   using namespace mrc::seg;
   clear_error();
   if (seg == nullptr) return fail(MRC_ERR_INVALID, "seg is NULL");
+  if (seg->domain != nullptr && seg->domain->root != nullptr && inherited(seg->domain)) {
+    // A fork() child closing a segment it inherited (segment.h, fork()): unmapped here only. Its
+    // registration is the parent's (a child's caches forget inherited regions): not touched.
+    close_inherited(seg);
+    pthread_mutex_destroy(&seg->registration_mu);
+    delete seg;
+    return MRC_OK;
+  }
   if (seg->domain != nullptr && !usable_here(seg->domain)) return MRC_ERR_INVALID;
   // Drop the segment's own registration before the unmap, so that the unmap event finds the
   // region unreferenced and the cache deregisters it at once.

@@ -41,10 +41,40 @@ void root_shm_name(const char *prefix, char (&out)[160]) noexcept {
   *r.out = '\0';
 }
 
-void segment_shm_name(const char *prefix, uint64_t generation, const char *name,
+void segment_shm_name(const char *prefix, uint64_t generation, uint64_t tag, const char *name,
                       char (&out)[160]) noexcept {
-  auto r = fmt::format_to_n(out, sizeof out - 1, "/{}:{}:{}", prefix, generation, name);
+  auto r =
+      fmt::format_to_n(out, sizeof out - 1, "/{}:{}.{:016x}:{}", prefix, generation, tag, name);
   *r.out = '\0';
+}
+
+bool parse_segment_name(const char *rest, uint64_t *generation, uint64_t *tag,
+                        const char **name) noexcept {
+  uint64_t gen = 0;
+  const char *c = rest;
+  for (; *c >= '0' && *c <= '9'; ++c) {
+    if (gen > (~uint64_t{0} - 9) / 10) return false;
+    gen = gen * 10 + static_cast<uint64_t>(*c - '0');
+  }
+  if (c == rest || *c != '.') return false;
+  uint64_t t = 0;
+  const char *hex = ++c;
+  for (; c - hex < 16; ++c) {
+    unsigned digit = 0;
+    if (*c >= '0' && *c <= '9') {
+      digit = static_cast<unsigned>(*c - '0');
+    } else if (*c >= 'a' && *c <= 'f') {
+      digit = static_cast<unsigned>(*c - 'a' + 10);
+    } else {
+      return false;
+    }
+    t = t << 4 | digit;
+  }
+  if (*c != ':' || !valid_name(c + 1)) return false;
+  *generation = gen;
+  *tag = t;
+  *name = c + 1;
+  return true;
 }
 
 uint64_t monotonic_ns() noexcept {

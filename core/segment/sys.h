@@ -46,11 +46,16 @@ template <class... Args>
 // ---- names ---------------------------------------------------------------------------------
 // [A-Za-z0-9._-], 1..kNameMax characters, not "." or "..".
 bool valid_name(const char *name) noexcept;
-// "/<prefix>:root" and "/<prefix>:<generation>:<name>" (':' is outside the name alphabet, so
-// no two prefixes or names can produce the same file name).
+// "/<prefix>:root" and "/<prefix>:<generation>.<tag>:<name>", tag in 16 hex digits (':' is
+// outside the name alphabet, so no two prefixes or names can produce the same file name). The
+// tag is random per segment: another local user cannot create the next segment's file first.
+// REQUIRES: prefix and name are valid_name() (callers check names read from shared memory).
 void root_shm_name(const char *prefix, char (&out)[160]) noexcept;
-void segment_shm_name(const char *prefix, uint64_t generation, const char *name,
+void segment_shm_name(const char *prefix, uint64_t generation, uint64_t tag, const char *name,
                       char (&out)[160]) noexcept;
+// Parses the part of a segment file name after "<prefix>:". false when it is not one.
+bool parse_segment_name(const char *rest, uint64_t *generation, uint64_t *tag,
+                        const char **name) noexcept;
 
 // ---- time and randomness -------------------------------------------------------------------
 uint64_t monotonic_ns() noexcept;

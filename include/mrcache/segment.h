@@ -6,12 +6,27 @@
  * of that window, so each segment sits at the same address in every process and raw pointers
  * into it stay valid across processes. The first process creates the domain, later ones join;
  * the last one out removes it. Files live in /dev/shm as "<prefix>:root" and
- * "<prefix>:<generation>:<name>"; they are created 0600 (or the domain's mode, never
- * world-writable) with O_EXCL, and removed only with shm_unlink.
+ * "<prefix>:<generation>.<tag>:<name>" (tag: 16 random hex digits, so no other local user can
+ * create a segment's file before it); they are created 0600 (or the domain's mode, never
+ * world-writable) with O_EXCL, and removed only with shm_unlink. Files of the prefix that are not
+ * the domain's (another user's) cost nothing: check, repair and remove skip them, describe lists
+ * them.
+ *
+ * Shared memory is input: any process of the domain (or a peer that sent a memfd segment) can
+ * write anything into the root, the directory, the client table or a heap header. Every value is
+ * checked before use (range, alignment, inside the window, inside the mapping); a bad one makes
+ * the call return MRC_ERR_IO with the structure and field named in mrc_seg_last_error(), and
+ * nothing outside the window or the segment's mapping is touched. A client slot in a state that
+ * is neither free nor used is reaped by scan (and by a join that finds no free slot).
  *
  * Threads: every call is thread-safe. A handle must not be used after it was closed.
  * fork(): a child must not use the domain or segment handles of its parent (calls return
- * MRC_ERR_INVALID there), except the heap of a segment it inherited; it opens the domain again.
+ * MRC_ERR_INVALID there), except the segments it inherited: their base, size and heap work, and
+ * mrc_seg_close unmaps one in the child only (the directory, and the parent's registration, stay
+ * the parent's). While the child still has inherited segments of a domain open, opening that
+ * domain again returns MRC_ERR_BUSY (and changes nothing): joining anew replaces the inherited
+ * window, which would pull the memory from under them. After closing them it opens the domain
+ * again as a new client.
  * Errors: status codes; mrc_seg_last_error() tells the calling thread why the last call failed.
  */
 #ifndef MRCACHE_SEGMENT_H
@@ -59,7 +74,8 @@ MRC_API void mrc_seg_domain_params_init(mrc_seg_domain_params_t *params);
 /* Create or join. MRC_ERR_INVALID: bad params, a root file owned by another user, with looser
  * permissions than `mode`, or a hostile/foreign header; MRC_ERR_EXISTS: something is already
  * mapped in this process where the window goes; MRC_ERR_BUSY: the creator did not finish within
- * join_timeout_ms; MRC_ERR_NO_MEMORY: every client slot is taken. A process that opens the same
+ * join_timeout_ms, or (fork child) segments inherited from the parent are still open here;
+ * MRC_ERR_NO_MEMORY: every client slot is taken by a live process. A process that opens the same
  * prefix twice gets the same domain, reference-counted. */
 MRC_API mrc_status_t mrc_seg_domain_open(const mrc_seg_domain_params_t *params,
                                          mrc_seg_domain_t **out);
@@ -69,8 +85,9 @@ MRC_API mrc_status_t mrc_seg_domain_open(const mrc_seg_domain_params_t *params,
  * prefix. */
 MRC_API mrc_status_t mrc_seg_domain_inspect(const mrc_seg_domain_params_t *params,
                                             mrc_seg_domain_t **out);
-/* Remove clients that died (their presence lock was released by the kernel), and the segments
- * that only they used. */
+/* Remove clients that died (their presence lock was released by the kernel), slots in a state
+ * that is neither free nor used (garbage) whose presence lock no live process holds, and the
+ * segments that only they used. */
 MRC_API mrc_status_t mrc_seg_domain_scan(mrc_seg_domain_t *domain);
 /* Leave the domain. MRC_ERR_BUSY (nothing changed) while this process still has segments of
  * this handle open. The last process out removes the remaining segments and the root file. */
@@ -98,8 +115,9 @@ enum { MRC_SEG_DESCRIBE_VERBOSE = 1, MRC_SEG_DESCRIBE_JSON = 2 };
 MRC_API int mrc_seg_domain_describe(mrc_seg_domain_t *domain, unsigned flags, char *buf,
                                     size_t len);
 /* Take the domain lock (recovering it when its owner died), then verify every invariant of the
- * root header: directory entries, the page bitmap, client slots, segment files. MRC_OK when all
- * hold; MRC_ERR_IO with the first violation in mrc_seg_last_error() otherwise. */
+ * root header: directory entries (every field), the page bitmap, client slots, segment files (a
+ * file of the domain that no entry names is a leak; another user's file is skipped). MRC_OK when
+ * all hold; MRC_ERR_IO with the first violation in mrc_seg_last_error() otherwise. */
 MRC_API mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *domain);
 /* What mrcache-seg repair does: recover the domain lock and every heap lock whose owner died,
  * remove dead clients, then check the domain and each heap. `repaired` (may be NULL) receives
@@ -132,6 +150,7 @@ MRC_API void mrc_seg_params_init(mrc_seg_params_t *params);
 /* Find or create a named segment, mapped at the same address in every process.
  * MRC_ERR_INVALID: bad name, size or flags, flags that differ from the existing segment's, a
  * size larger than the existing one, a file that fails the owner/mode/size/header checks;
+ * MRC_ERR_IO: the segment's directory entry fails its checks (the field named);
  * MRC_ERR_NO_MEMORY: no room in the window or the directory; MRC_ERR_NOT_FOUND: no such NUMA
  * node; MRC_ERR_UNSUPPORTED: NUMA or huge pages unavailable. */
 MRC_API mrc_status_t mrc_seg_open(mrc_seg_domain_t *domain, const char *name, size_t size,
@@ -144,8 +163,11 @@ MRC_API size_t mrc_seg_size(const mrc_seg_t *seg);
 
 /* The heap of a MRC_SEG_HEAP segment: first fit under a robust process-shared mutex; memory
  * allocated in one process may be freed in another. align: 0 or a power of two (>= 16 used).
- * NULL when full, on bad arguments, or for a segment without heap. Free of NULL or of a pointer
- * that is not a live block of this heap does nothing (and sets mrc_seg_last_error). */
+ * NULL when full, on bad arguments, for a segment without heap, or when the heap's header or a
+ * free-list link fails its checks (the heap is then marked corrupt: no allocation until repaired).
+ * Free of NULL or of a pointer that is not a live block of this heap does nothing (and sets
+ * mrc_seg_last_error). No heap call reads or writes outside the segment's mapping, whatever the
+ * shared header says. */
 MRC_API void *mrc_seg_alloc(mrc_seg_t *seg, size_t size, size_t align);
 MRC_API void mrc_seg_free(mrc_seg_t *seg, void *ptr);
 
@@ -154,9 +176,11 @@ typedef struct {
   size_t used_blocks, free_blocks;
   uint64_t allocs, frees, repairs; /* repairs: recoveries after an owner died in the heap */
 } mrc_seg_heap_stats_t;
-/* Walk the heap under its lock (recovering it when its owner died) and verify it: blocks tile
- * the heap, the free list holds exactly the free blocks, no two free blocks touch, the counters
- * match. MRC_ERR_IO with the violation in mrc_seg_last_error() otherwise. stats may be NULL. */
+/* Walk the heap under its lock (recovering it when its owner died) and verify it: the header
+ * (heap size, free-list head, state, counters) fits the mapping, blocks tile the heap, the free
+ * list holds exactly the free blocks (a cycle ends the walk), no two free blocks touch, the
+ * counters match. MRC_ERR_IO with the violation in mrc_seg_last_error() otherwise. stats may be
+ * NULL. */
 MRC_API mrc_status_t mrc_seg_heap_check(mrc_seg_t *seg, mrc_seg_heap_stats_t *stats);
 
 typedef struct {
@@ -194,8 +218,10 @@ MRC_API mrc_status_t mrc_seg_close(mrc_seg_t *seg);
 MRC_API mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *params, mrc_seg_t **out);
 /* Send the segment's descriptor over a connected AF_UNIX socket. */
 MRC_API mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock);
-/* Receive one, verify it (a sealed memfd whose header is sane), and map it at the sender's
- * address with MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that range is taken here. */
+/* Receive one, verify it (a sealed memfd whose header, heap header included, is sane:
+ * MRC_ERR_INVALID otherwise, the field named), and map it at the sender's address with
+ * MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that range is taken here. The sender can still write
+ * to it: the heap calls check the heap header again each time. */
 MRC_API mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out);
 
 /* Why the calling thread's last failed mrc_seg_* call failed ("" when it did not). An alias of

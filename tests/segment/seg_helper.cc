@@ -269,7 +269,7 @@ int cmd_holdlock() {
     e.state = arg("state") == "creating" ? kEntryCreating : kEntryDeleting;
     root->va_bitmap[0] |= 1;
     char name[160];
-    segment_shm_name(d->prefix, e.generation, e.name, name);
+    segment_shm_name(d->prefix, e.generation, e.file_tag, e.name, name);
     const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0 || ftruncate(fd, 8192) != 0) die(MRC_ERR_IO, "half file");
     close(fd);
@@ -288,7 +288,7 @@ int cmd_heaplock() {
   void *a = mrc_seg_alloc(s, 1000, 0);
   void *b = mrc_seg_alloc(s, 1000, 0);
   if (a == nullptr || b == nullptr) die(MRC_ERR_NO_MEMORY, "alloc");
-  mrc::seg::SharedHeap heap(&s->map->header->heap, s->map->data);
+  mrc::seg::SharedHeap heap(&s->map->header->heap, s->map->data, s->map->data_size);
   if (heap.lock_for_test() != MRC_OK) die(MRC_ERR_BUSY, "heap lock");
   auto *word = reinterpret_cast<uint64_t *>(static_cast<char *>(a) - 16);
   std::atomic_ref<uint64_t>(*word).store(*word & ~uint64_t{1}, std::memory_order_relaxed);

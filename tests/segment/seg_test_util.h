@@ -7,10 +7,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -82,14 +84,15 @@ class Child {
   }
 
   // args[0] is the helper command. keep_fd (if >= 0) is passed to the helper as fd 3.
-  // as_uid/as_gid (if >= 0): the helper drops to them before exec.
+  // as_uid/as_gid (if >= 0): the helper drops to them before exec; then run a HelperCopy's
+  // path (`helper`), which that user can reach, not the build tree's.
   static Child spawn(const std::vector<std::string> &args, int keep_fd = -1, int barrier_fd = -1,
-                     int as_uid = -1, int as_gid = -1) {
+                     int as_uid = -1, int as_gid = -1, const std::string &helper = MRC_SEG_HELPER) {
     int to_child[2], from_child[2];
     if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
       throw std::runtime_error("pipe");
     }
-    std::vector<std::string> full{MRC_SEG_HELPER};
+    std::vector<std::string> full{helper};
     full.insert(full.end(), args.begin(), args.end());
     if (barrier_fd >= 0) full.push_back("barrier=4");
     std::vector<char *> argv;
@@ -181,6 +184,59 @@ class Child {
   int in_ = -1;
   int out_ = -1;
   std::string buffer_;
+};
+
+// seg_helper copied where another user can run it: a fresh directory under /tmp, mode 0755.
+// The build tree may not be reachable by that user (a clone under /root, mode 0700). seg_helper
+// links the library statically (mrcache_static), so the copy needs nothing else from the build
+// tree. ok() is false, with why(), when the copy fails or `uid` still cannot execute it (a
+// noexec /tmp).
+class HelperCopy {
+ public:
+  explicit HelperCopy(uid_t uid) {
+    char dir[] = "/tmp/mrc-seg-helper-XXXXXX";
+    if (mkdtemp(dir) == nullptr || chmod(dir, 0755) != 0) {
+      why_ = std::string("mkdtemp under /tmp: ") + std::strerror(errno);
+      return;
+    }
+    dir_ = dir;
+    path_ = dir_ + "/seg_helper";
+    const int in = open(MRC_SEG_HELPER, O_RDONLY | O_CLOEXEC);
+    const int out = open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    bool copied = in >= 0 && out >= 0;
+    char buf[1 << 16];
+    for (ssize_t n = 0; copied && (n = read(in, buf, sizeof buf)) != 0;) {
+      copied = n > 0 && write(out, buf, static_cast<size_t>(n)) == n;
+    }
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    if (!copied || chmod(path_.c_str(), 0755) != 0) {
+      why_ = "copying " + std::string(MRC_SEG_HELPER) + " to " + path_ + " failed";
+      return;
+    }
+    // Can `uid` execute it? Asked as that user (access() with the real uid).
+    const pid_t pid = fork();
+    if (pid == 0) _exit(setuid(uid) == 0 && access(path_.c_str(), X_OK) == 0 ? 0 : 1);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      why_ = "uid " + std::to_string(uid) + " cannot execute " + path_ + " (is /tmp noexec?)";
+      return;
+    }
+    ok_ = true;
+  }
+  ~HelperCopy() {
+    if (!path_.empty()) unlink(path_.c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  HelperCopy(const HelperCopy &) = delete;
+  HelperCopy &operator=(const HelperCopy &) = delete;
+  bool ok() const { return ok_; }
+  const std::string &why() const { return why_; }
+  const std::string &path() const { return path_; }
+
+ private:
+  bool ok_ = false;
+  std::string dir_, path_, why_;
 };
 
 inline std::vector<std::string> words(const std::string &line) {

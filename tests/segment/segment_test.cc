@@ -28,6 +28,7 @@
 #include "core/segment/sys.h"
 #include "mrcache/mrcache.h"
 #include "seg_test_util.h"
+#include "tests/common/fork_child.h"
 
 namespace {
 
@@ -711,6 +712,7 @@ TEST_F(SegTest, ForkChildCannotUseTheParentsHandles) {
     std::memcpy(p, "from the child", 15);
     std::printf("%p\n", p);
     std::fflush(stdout);
+    if (mrc_seg_close(s) != MRC_OK) code |= 64;  // unmapped here only (the heap block stays)
     mrc_seg_domain_t *again = nullptr;
     const mrc_seg_domain_params_t p2 = params();
     if (mrc_seg_domain_open(&p2, &again) != MRC_OK) code |= 8;
@@ -729,6 +731,57 @@ TEST_F(SegTest, ForkChildCannotUseTheParentsHandles) {
   mrc_seg_domain_info_t di;
   ASSERT_EQ(mrc_seg_domain_info(d, &di), MRC_OK);
   EXPECT_EQ(di.clients, 1u);  // we are still alive after the child left
+  EXPECT_EQ(mrc_seg_close(s), MRC_OK);
+  EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
+}
+
+// The rule of segment.h (fork()): a child that opens the domain again while it still has
+// segments it inherited gets MRC_ERR_BUSY, and those segments stay usable; once it closed them
+// (which only unmaps them in the child), the open joins as a new client. Before, the open
+// unmapped the whole inherited window under the segments.
+TEST_F(SegTest, ForkChildReopenKeepsInheritedSegmentsUsable) {
+  mrc_seg_domain_t *d = open();
+  mrc_seg_t *s = nullptr;
+  ASSERT_EQ(mrc_seg_open(d, "shared", 1 << 20, MRC_SEG_HEAP, &s), MRC_OK);
+  auto *flag = static_cast<char *>(mrc_seg_alloc(s, 64, 0));  // at one address everywhere
+  ASSERT_NE(flag, nullptr);
+  flag[0] = 'p';
+  void *const base = mrc_seg_base(s);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    const mrc_seg_domain_params_t p2 = params();
+    mrc_seg_domain_t *again = nullptr;
+    CHILD_CHECK(mrc_seg_domain_open(&p2, &again) == MRC_ERR_BUSY);
+    CHILD_CHECK(std::strstr(mrc_last_error(), "inherited") != nullptr);
+    void *p = mrc_seg_alloc(s, 64, 0);  // the window is still there
+    CHILD_CHECK(p != nullptr);
+    std::memcpy(p, "child", 6);
+    mrc_seg_free(s, p);
+    flag[0] = 'c';
+    CHILD_CHECK(mrc_seg_heap_check(s, nullptr) == MRC_OK);
+    CHILD_CHECK(mrc_seg_close(s) == MRC_OK);
+    CHILD_CHECK(mrc_seg_domain_open(&p2, &again) == MRC_OK);
+    mrc_seg_domain_info_t di;
+    CHILD_CHECK(mrc_seg_domain_info(again, &di) == MRC_OK && di.slot != 0);
+    mrc_seg_t *mine = nullptr;
+    CHILD_CHECK(mrc_seg_open(again, "shared", 0, MRC_SEG_HEAP, &mine) == MRC_OK);
+    CHILD_CHECK(mrc_seg_base(mine) == base && flag[0] == 'c');
+    CHILD_CHECK(mrc_seg_close(mine) == MRC_OK);
+    CHILD_CHECK(mrc_seg_domain_close(again) == MRC_OK);
+    _exit(0);
+  }
+  EXPECT_EQ(wait_child(pid), 0);
+  EXPECT_EQ(flag[0], 'c');
+  mrc_seg_heap_stats_t hs;
+  ASSERT_EQ(mrc_seg_heap_check(s, &hs), MRC_OK) << mrc_last_error();
+  EXPECT_EQ(hs.used_blocks, 1u);  // flag; the child's block went back
+  mrc_seg_free(s, flag);
+  ASSERT_EQ(mrc_seg_domain_scan(d), MRC_OK);
+  mrc_seg_domain_info_t di;
+  ASSERT_EQ(mrc_seg_domain_info(d, &di), MRC_OK);
+  EXPECT_EQ(di.clients, 1u);
+  EXPECT_EQ(di.segments, 1u);  // the child's close did not take ours
   EXPECT_EQ(mrc_seg_close(s), MRC_OK);
   EXPECT_EQ(mrc_seg_domain_close(d), MRC_OK);
 }

@@ -1,6 +1,9 @@
 // mrcache-seg against live domains: show (text and JSON), scan, repair, remove NAME, remove --all,
 // and its exit codes.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -143,6 +146,51 @@ TEST_F(Tool, RepairRecoversALockWhoseOwnerDied) {
   a.finish_input();
   EXPECT_EQ(a.wait(), 0);
   EXPECT_TRUE(shm_files(prefix_).empty());
+}
+
+// Anyone can drop a "<x>:root" file into /dev/shm: without --prefix, another user's is reported
+// once and skipped, and does not make show (or scan, repair) fail.
+TEST_F(Tool, AnotherUsersRootFileIsSkipped) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user (chown)";
+  Child &a = spawn("join", {"seg=mine", "segsize=65536", "hold=1"});
+  a.expect("ok");
+  const std::string foreign = segtest::unique_prefix("foreign");
+  const std::string name = "/" + foreign + ":root";
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchown(fd, 65534, 65534), 0);
+  struct Unlink {
+    std::string n;
+    ~Unlink() { shm_unlink(n.c_str()); }
+  } unlink_at_end{name};
+  ASSERT_EQ(write(fd, "not a domain", 12), 12);
+  close(fd);
+  for (const char *cmd : {"show", "scan", "repair"}) {
+    SCOPED_TRACE(cmd);
+    const ToolRun r = tool(std::string("--json ") + cmd, true);
+    const auto j = nlohmann::json::parse(r.out);
+    bool ours = false, skipped = false, failed = false;
+    for (const auto &d : j["domains"]) {
+      EXPECT_NE(d.value("prefix", ""), foreign) << d.dump();
+      ours |= d.value("prefix", "") == prefix_;
+      failed |= d.contains("error");  // other tests' domains (some hostile on purpose)
+    }
+    ASSERT_TRUE(j.contains("skipped")) << r.out;
+    for (const auto &k : j["skipped"]) {
+      skipped |= k["file"] == "/dev/shm" + name &&
+                 k["why"].get<std::string>().find("uid 65534") != std::string::npos;
+    }
+    EXPECT_TRUE(ours) << r.out;
+    EXPECT_TRUE(skipped) << r.out;
+    EXPECT_EQ(r.status, failed ? 1 : 0) << r.out;
+  }
+  const ToolRun r = tool("show");
+  EXPECT_NE(r.out.find("mrcache-seg: skipped /dev/shm" + name + ": owned by uid 65534"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("mrcache-seg: " + foreign + ":"), std::string::npos) << r.out;
+  a.finish_input();
+  EXPECT_EQ(a.wait(), 0);
 }
 
 TEST_F(Tool, UsageErrors) {

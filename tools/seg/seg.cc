@@ -6,7 +6,9 @@
 //   mrcache-seg [--prefix P] [--json] repair
 //   mrcache-seg  --prefix P  [--json] remove NAME | remove --all
 //
-// Without --prefix, show/scan/repair act on every domain found in /dev/shm ("<prefix>:root").
+// Without --prefix, show/scan/repair act on every domain found in /dev/shm ("<prefix>:root")
+// that belongs to this user: anyone can create a file of that name, so another user's file (or
+// one that is not a regular file) is reported once ("skipped") and does not make the command fail.
 // The tool attaches as an observer (no client slot, no window reservation), except remove
 // --all, which joins for a moment so that it can tear the domain down as its last client.
 // Exit status: 0 success, 1 a command failed (or a domain is busy), 2 bad usage.
@@ -14,6 +16,8 @@
 // SYNCHRONIZATION: single-threaded; every shared-memory access goes through the library (its
 // locks and its repair rules apply: a live lock holder is waited for, never forced out).
 #include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -50,8 +54,14 @@ bool valid_prefix(const std::string &p) {
   return true;
 }
 
-// Every domain with a root file in /dev/shm.
-std::vector<std::string> find_domains() {
+// A root file in /dev/shm that is not one of this user's domains.
+struct Skipped {
+  std::string file;
+  std::string why;
+};
+
+// Every domain of this user with a root file in /dev/shm; other users' root files in *skipped.
+std::vector<std::string> find_domains(std::vector<Skipped> *skipped) {
   std::vector<std::string> out;
   DIR *dir = opendir("/dev/shm");
   if (dir == nullptr) return out;
@@ -61,11 +71,24 @@ std::vector<std::string> find_domains() {
     if (n.size() > suffix.size() &&
         n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
       const std::string prefix = n.substr(0, n.size() - suffix.size());
-      if (valid_prefix(prefix)) out.push_back(prefix);
+      if (!valid_prefix(prefix)) continue;
+      const std::string path = "/dev/shm/" + n;
+      struct stat st {};
+      if (lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile
+      if (!S_ISREG(st.st_mode)) {
+        skipped->push_back({path, "not a regular file"});
+      } else if (st.st_uid != geteuid()) {
+        skipped->push_back(
+            {path, "owned by uid " + std::to_string(st.st_uid) + ", not this user's domain"});
+      } else {
+        out.push_back(prefix);
+      }
     }
   }
   closedir(dir);
   std::sort(out.begin(), out.end());
+  std::sort(skipped->begin(), skipped->end(),
+            [](const Skipped &a, const Skipped &b) { return a.file < b.file; });
   return out;
 }
 
@@ -131,10 +154,14 @@ std::string describe(mrc_seg_domain_t *d, unsigned flags) {
 template <class Fn>
 int for_each_domain(const Options &o, Fn fn) {
   std::vector<std::string> prefixes;
+  std::vector<Skipped> skipped;
   if (!o.prefix.empty()) {
     prefixes.push_back(o.prefix);
   } else {
-    prefixes = find_domains();
+    prefixes = find_domains(&skipped);
+  }
+  for (const Skipped &k : skipped) {
+    if (!o.json) std::cerr << "mrcache-seg: skipped " << k.file << ": " << k.why << "\n";
   }
   int rc = 0;
   json results = json::array();
@@ -158,7 +185,12 @@ int for_each_domain(const Options &o, Fn fn) {
     }
   }
   if (o.json) {
-    std::cout << json{{"domains", results}}.dump(2) << "\n";
+    json out{{"domains", results}};
+    if (o.prefix.empty()) {
+      out["skipped"] = json::array();
+      for (const Skipped &k : skipped) out["skipped"].push_back({{"file", k.file}, {"why", k.why}});
+    }
+    std::cout << out.dump(2) << "\n";
   } else if (prefixes.empty()) {
     std::cout << "no mrcache domain in /dev/shm\n";
   }
