@@ -3,8 +3,12 @@
 //
 // SYNCHRONIZATION: see layout.h. Shared memory, read and written under the domain lock.
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "core/segment/domain_internal.h"
+#include "core/segment/sys.h"
+#include "core/segment/validate.h"
 
 namespace mrc::seg {
 
@@ -23,17 +27,39 @@ void mark_pages(RootHeader *root, uint64_t window_pages, uint64_t first, uint64_
     }
   }
 }
-// First fit; the number of pages or ~0.
-uint64_t find_pages(const RootHeader *root, uint64_t window_pages, uint64_t count) {
+uint64_t find_pages(const mrc_seg_domain *d, const RootHeader *root, uint64_t count) {
+  const uint64_t window_pages = d->va_pages;
+  if (window_pages > kMaxVaPages || count == 0) return ~uint64_t{0};
+  std::vector<uint64_t> used(root->va_bitmap, root->va_bitmap + (window_pages + 63) / 64);
+  const auto mark = [&](uint64_t first, uint64_t pages) {
+    for (uint64_t i = first; i < first + pages && i < window_pages; ++i) {
+      used[i / 64] |= uint64_t{1} << (i % 64);
+    }
+  };
+  const WindowLimits window{window_pages, 0};
+  for (unsigned i = 0; i < kMaxSegments; ++i) {
+    SegEntry e;
+    std::memcpy(static_cast<void *>(&e), &root->segments[i], sizeof e);
+    if (e.state == kEntryFree) continue;
+    if (check_entry_range(e, i, window) == MRC_OK) {
+      mark(e.va_offset / kVaPageSize, e.va_pages);
+    } else {
+      clear_error();  // an entry no one can map holds no pages; check reports it
+    }
+  }
+  for (const MappedSegment *m = d->maps; m != nullptr; m = m->next) {
+    const auto start = reinterpret_cast<uintptr_t>(m->start);
+    if (start < d->base || m->va_len == 0) continue;  // a memfd segment lives outside the window
+    mark((start - d->base) / kVaPageSize, (m->va_len + kVaPageSize - 1) / kVaPageSize);
+  }
   uint64_t run = 0;
-  if (window_pages > kMaxVaPages) return ~uint64_t{0};
   for (uint64_t i = 0; i < window_pages; ++i) {
-    if (i % 64 == 0 && root->va_bitmap[i / 64] == ~uint64_t{0} && i + 64 <= window_pages) {
+    if (i % 64 == 0 && used[i / 64] == ~uint64_t{0} && i + 64 <= window_pages) {
       run = 0;
       i += 63;
       continue;
     }
-    if (page_used(root, i)) {
+    if ((used[i / 64] >> (i % 64) & 1U) != 0) {
       run = 0;
     } else if (++run == count) {
       return i + 1 - count;

@@ -94,8 +94,12 @@ void unlink_segment_file(mrc_seg_domain *d, const SegEntry &e);
 // at most kMaxVaPages); a range outside them is ignored.
 bool page_used(const RootHeader *root, uint64_t i);
 void mark_pages(RootHeader *root, uint64_t window_pages, uint64_t first, uint64_t count, bool used);
-// First fit among window_pages; the number of pages or ~0.
-uint64_t find_pages(const RootHeader *root, uint64_t window_pages, uint64_t count);
+// First fit among the window's pages (d->va_pages) that no one uses: a page is used when the
+// page bitmap, a live directory entry with a valid range, or one of this process's own mappings
+// (d->maps) says so. The bitmap is shared memory (docs/DESIGN.md, "Shared segments: shared memory
+// is input"): a corrupted one must not place a new segment over a live one. The number of the
+// first page, or ~0.
+uint64_t find_pages(const mrc_seg_domain *d, const RootHeader *root, uint64_t count);
 bool has_clients(const SegEntry &e);
 unsigned count_clients(const SegEntry &e);
 bool client_bit(const SegEntry &e, unsigned slot);

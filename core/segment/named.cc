@@ -228,7 +228,7 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
       break;
     }
   }
-  const uint64_t first = find_pages(root, d->va_pages, lay.va_pages);
+  const uint64_t first = find_pages(d, root, lay.va_pages);
   if (index == kMaxSegments || first == ~uint64_t{0}) {
     if (backing_fd >= 0) close(backing_fd);
     return index == kMaxSegments

@@ -147,6 +147,44 @@ TEST_F(Hostile, PageCountBeyondTheWindowIsRefused) {
   EXPECT_EQ(wait_child(pid), 0);
 }
 
+// The page bitmap is shared memory too: a cleared one (and a live entry wiped as well) must not
+// place a new segment over one this process has mapped (core/segment/bitmap.cc, find_pages). Found
+// by the segment fuzz target: the new segment's close then unmapped the old one under its user.
+TEST_F(Hostile, ClearedPageBitmapDoesNotPlaceASegmentOverALiveOne) {
+  for (const bool wipe_entry : {false, true}) {
+    SCOPED_TRACE(wipe_entry ? "bitmap cleared, entry wiped" : "bitmap cleared");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(60);
+      const mrc_seg_domain_params_t p = params();
+      mrc_seg_domain_t *d = nullptr;
+      CHILD_CHECK(mrc_seg_domain_open(&p, &d) == MRC_OK);
+      mrc_seg_t *live = nullptr;
+      CHILD_CHECK(mrc_seg_open(d, "live", 1 << 20, 0, &live) == MRC_OK);
+      auto *data = static_cast<char *>(mrc_seg_base(live));
+      std::memcpy(data, "still mine", 11);
+      std::memset(d->root->va_bitmap, 0, sizeof d->root->va_bitmap);
+      if (wipe_entry) {
+        const int i = entry_of(d, "live");
+        CHILD_CHECK(i >= 0);
+        std::memset(&d->root->segments[i], 0, sizeof d->root->segments[i]);
+      }
+      mrc_seg_t *fresh = nullptr;
+      CHILD_CHECK(mrc_seg_open(d, "fresh", 1 << 20, 0, &fresh) == MRC_OK);
+      const auto *fresh_base = static_cast<const char *>(mrc_seg_base(fresh));
+      CHILD_CHECK(fresh_base + mrc_seg_size(fresh) <= data ||
+                  data + mrc_seg_size(live) <= fresh_base);
+      CHILD_CHECK(mrc_seg_close(fresh) == MRC_OK);
+      CHILD_CHECK(std::memcmp(data, "still mine", 11) == 0);  // mapped, and still ours
+      (void)mrc_seg_close(live);  // its entry may be gone: only the mapping matters here
+      (void)mrc_seg_domain_close(d);
+      _exit(0);
+    }
+    EXPECT_EQ(wait_child(pid), 0);
+    segtest::remove_shm(prefix_);
+  }
+}
+
 // Every other field of an entry: open, check and describe see the bad value, name the field,
 // and touch nothing; restoring it makes the segment usable again.
 TEST_F(Hostile, EveryEntryFieldIsChecked) {
