@@ -14,6 +14,7 @@
 #include "backends/backends.h"
 #include "base/check.h"
 #include "base/epoch.h"
+#include "base/error.h"
 #include "base/pagemap.h"
 #include "core/cache/alignment.h"
 #include "core/cache/config.h"
@@ -26,14 +27,21 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   if (out == nullptr) return MRC_ERR_INVALID;
   constexpr unsigned kKnownFlags =
       MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS;
+  // Each refusal says why in mrc_last_error() (docs/DESIGN.md, "The C API contract").
   if ((params.flags & ~kKnownFlags) != 0) {
+    set_last_error("mrc_cache_create: unknown flags %#x", params.flags & ~kKnownFlags);
     return MRC_ERR_INVALID;
   }
   if (params.alignment != 0 &&
       (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
+    set_last_error("mrc_cache_create: alignment %zu is not a power of two of at least %zu",
+                   params.alignment, kPageSize);
     return MRC_ERR_INVALID;
   }
-  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
+  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) {
+    set_last_error("mrc_cache_create: the name is longer than %zu characters", sizeof(name_) - 1);
+    return MRC_ERR_INVALID;
+  }
   mrc_backend_t backend{};
   // A plugin may leave operations out: they get not-supported defaults, never NULL checks here.
   // The caller's table is read by its struct_size and copied: the cache keeps no pointer to it.
@@ -45,7 +53,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   Cache *cache = new (std::nothrow) Cache();
   if (cache == nullptr) return MRC_ERR_NO_MEMORY;
   if (params.name != nullptr) std::snprintf(cache->name_, sizeof(cache->name_), "%s", params.name);
-  cache->backend_ = backend;
+  cache->backend_ = backends::CheckedOps(backend);
   cache->backend_ctx_ = params.backend_ctx;
   cache->max_regions_ = params.max_regions;
   cache->max_bytes_ = params.max_bytes;
