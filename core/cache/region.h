@@ -238,12 +238,13 @@ struct Region : PgtRegion, mrc_region {
   // holds one reference besides the caller's, and remove_locked clears kInTable before it drops
   // the table's reference, so a drop that reads that decrement (acquire) sees the flag clear.
   // The check costs the hit path nothing: the comparison that tells "last reference" from "others
-  // hold some" is one range test on the loaded count (and on the decrement's old value) instead
-  // of an equality; the flag is read only on the last-reference branch. Racing double puts can
+  // hold some" is one signed comparison with 2 on the loaded count (and on the decrement's old
+  // value) instead of an equality with 1 (kDead is the sign bit, so a dead count is below 2
+  // too); the flag is read only on the last-reference branch. Racing double puts can
   // still be refused in place of another thread's legitimate put; the count then stays right.
   Drop drop(uint64_t *left = nullptr) noexcept {
     uint64_t seen = refcount.load(std::memory_order_relaxed);
-    if (__builtin_expect(seen - 2 >= kDead - 2, 0)) {  // 0, 1 or dead: look closer
+    if (__builtin_expect(static_cast<int64_t>(seen) < 2, 0)) {  // 0, 1 or dead: look closer
       if (seen != 1) return Drop::Refused;
       // Pairs with the remover's release decrement (remove_locked): its kInTable clear is seen.
       std::atomic_thread_fence(std::memory_order_acquire);
@@ -254,7 +255,7 @@ struct Region : PgtRegion, mrc_region {
       }
     }
     const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
-    if (__builtin_expect(before - 2 < kDead - 2, 1)) {  // others hold references
+    if (__builtin_expect(static_cast<int64_t>(before) >= 2, 1)) {  // others hold references
       if (left != nullptr) *left = before - 1;
       return Drop::Kept;
     }
