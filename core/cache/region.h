@@ -33,7 +33,9 @@
 //                                                    one per parked reference: 1 is unused (the
 //                                                    only count eviction takes), more is in use
 //    get_fast (no lock) and get_slow (mutex_) add references; put drops them (release), or
-//    parks them once the region is Parkable.
+//    parks them once the region is Parkable. A drop that would take the table's own reference
+//    (a count of 1 while kInTable: a second put of one reference) is refused, nothing changed
+//    (Region::drop; put logs it).
 //    -> Parkable: promote (mutex_), after kPromoteAfter consecutive fast-path hits of one
 //       thread (count_streak).
 //    -> Invalidated: remove_locked (mutex_), called by drain_locked (an unmap event),
@@ -246,12 +248,16 @@ struct Region : PgtRegion, mrc_region {
     uint64_t seen = refcount.load(std::memory_order_relaxed);
     if (__builtin_expect(static_cast<int64_t>(seen) < 2, 0)) {  // 0, 1 or dead: look closer
       if (seen != 1) return Drop::Refused;
-      // Pairs with the remover's release decrement (remove_locked): its kInTable clear is seen.
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if ((flags.load(std::memory_order_relaxed) & kInTable) != 0) return Drop::Refused;
-      if (refcount.compare_exchange_strong(seen, kDead, std::memory_order_acq_rel,
-                                           std::memory_order_relaxed)) {
-        return Drop::Last;
+      // Again with acquire (a load, not a fence: ThreadSanitizer does not model fences): a 1 left
+      // by the remover's release decrement (remove_locked) shows its kInTable clear. Any other
+      // value goes on to the decrement, which checks again.
+      seen = refcount.load(std::memory_order_acquire);
+      if (seen == 1) {
+        if ((flags.load(std::memory_order_relaxed) & kInTable) != 0) return Drop::Refused;
+        if (refcount.compare_exchange_strong(seen, kDead, std::memory_order_acq_rel,
+                                             std::memory_order_relaxed)) {
+          return Drop::Last;
+        }
       }
     }
     const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
