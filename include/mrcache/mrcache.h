@@ -240,7 +240,9 @@ typedef enum {
   MRC_MONITOR_WP_ASYNC = 0, /* WP-only with UFFD_FEATURE_WP_ASYNC: any VMA, no faults */
   MRC_MONITOR_WP = 1,       /* WP-only: anonymous, shmem, hugetlbfs */
   MRC_MONITOR_MISSING = 2,  /* MISSING mode, every fault resolved by the monitor */
-  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put */
+  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put (also
+                               always under valgrind, which runs one thread at a time: an unmap
+                               would wait forever for the monitor thread) */
 } mrc_monitor_mode_t;
 
 typedef struct {
