@@ -67,6 +67,43 @@ int handle_describe(void *ctx, void *handle, char *buf, std::size_t len) noexcep
 [[nodiscard]] mrc_status_t complete_caller_ops(const mrc_backend_t *caller,
                                                mrc_backend_t *out) noexcept;
 
+// Whether `raw` is one of mrc_status_t's values. A plugin's operation is C: it may return any int
+// (an errno, a count, garbage), which must not reach the caller as if it were a status.
+constexpr bool is_status(int raw) noexcept {
+  return raw <= static_cast<int>(MRC_OK) && raw >= static_cast<int>(MRC_ERR_IO);
+}
+// `raw` as a status: itself when it is one, else MRC_ERR_BACKEND with "<backend>: <op> returned
+// <raw>, which is not an mrc_status_t" as the thread's last error.
+[[nodiscard]] mrc_status_t checked_status(int raw, const char *backend, const char *op) noexcept;
+
+// The operations the core calls, over a complete table (complete_ops): the same calls as the
+// table's, except that reg's result is always an mrc_status_t (checked_status; backends.h of the
+// public headers promises it). A plain value: copied into the cache, no pointer to the table.
+class CheckedOps {
+ public:
+  CheckedOps() = default;
+  explicit CheckedOps(const mrc_backend_t &complete) noexcept
+      : name(complete.name), ops_(complete) {}
+
+  const char *name = nullptr;  // never NULL once made from a complete table
+
+  mrc_status_t reg(void *ctx, void *addr, std::size_t len, unsigned prot, void **handle,
+                   std::uint64_t *key) const noexcept {
+    // Converted before anything reads it as an mrc_status_t (a load of a value outside the
+    // enumeration is undefined, and UBSan's enum check would abort on it).
+    const int raw = static_cast<int>(ops_.reg(ctx, addr, len, prot, handle, key));
+    if (__builtin_expect(is_status(raw), 1)) return static_cast<mrc_status_t>(raw);
+    return checked_status(raw, name, "reg");
+  }
+  void dereg(void *ctx, void *handle) const noexcept { ops_.dereg(ctx, handle); }
+  int describe(void *ctx, void *handle, char *buf, std::size_t len) const noexcept {
+    return ops_.describe(ctx, handle, buf, len);
+  }
+
+ private:
+  mrc_backend_t ops_{};
+};
+
 // A complete ops table for an engine. reg validates its arguments, resolves the context and
 // calls the engine; dereg and describe trust what reg handed out.
 template <Backend Ctx>

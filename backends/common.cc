@@ -35,6 +35,11 @@ mrc_status_t fail(mrc_status_t status, const char *backend, const char *fmt, ...
   return status;
 }
 
+mrc_status_t checked_status(int raw, const char *backend, const char *op) noexcept {
+  if (is_status(raw)) return static_cast<mrc_status_t>(raw);
+  return fail(MRC_ERR_BACKEND, backend, "%s returned %d, which is not an mrc_status_t", op, raw);
+}
+
 mrc_status_t check_reg_args(const char *backend, const void *addr, std::size_t len, unsigned prot,
                             void *const *handle_out, const std::uint64_t *key) noexcept {
   if (handle_out == nullptr || key == nullptr)

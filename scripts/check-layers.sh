@@ -100,8 +100,9 @@ resolve() {
   esac
 }
 
-# The library files that define a component's test-only controls, and so include its testing.h.
-testing_definers=" base/proc_maps.cc uffd/testing.cc "
+# The files that define a component's test-only controls, and so include its testing.h
+# (uffd/testing_env.cc is compiled into test programs and tools only, not into the library).
+testing_definers=" base/proc_maps.cc uffd/testing.cc uffd/testing_env.cc "
 
 violations=0
 checked=0

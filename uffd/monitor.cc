@@ -29,6 +29,7 @@
 namespace mrc::uffd::detail {
 
 constinit MonitorState g_monitor;
+constinit std::atomic<bool (*)()> g_drop_events{nullptr};
 
 namespace {
 
@@ -180,9 +181,15 @@ void start_locked() noexcept {
   g_monitor.run.queue = &g_monitor.queue;
   g_monitor.run.events = &g_monitor.events;
   g_monitor.run.stop.store(false, std::memory_order_relaxed);
-  const char *drop =
-      getenv("MRC_TEST_DROP_EVENTS");  // NOLINT(concurrency-mt-unsafe): no setenv here
-  g_monitor.run.drop_events = drop != nullptr && strcmp(drop, "1") == 0;
+  // The test switch exists only in programs that install it (uffd/testing_env.cc): the library
+  // reads no variable for it. When on, mrc_monitor_info's reason says so.
+  bool (*const drop_events)() = g_drop_events.load(std::memory_order_relaxed);
+  g_monitor.run.drop_events = drop_events != nullptr && drop_events();
+  if (g_monitor.run.drop_events) {
+    Text why{g_monitor.reason, sizeof(g_monitor.reason)};
+    why.used = strlen(g_monitor.reason);
+    why.add("; TEST SWITCH ON: events are dropped, no cache sees any invalidation");
+  }
   g_monitor.run.page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   g_monitor.run.loop.store(static_cast<uint32_t>(LoopKind::NotStarted), std::memory_order_relaxed);
 

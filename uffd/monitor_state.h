@@ -139,6 +139,10 @@ struct MonitorState {
 extern MonitorState g_monitor;
 // testing::pause_monitor (monitor_thread.cc).
 extern std::atomic<bool> g_paused;
+// Asked at each start whether the monitor drops every event (testing::set_drop_events; monitor.cc).
+// nullptr in every program that did not install it, so libmrcache alone never drops anything.
+// Constant-initialised: a test program installs it during static initialisation.
+extern constinit std::atomic<bool (*)()> g_drop_events;
 
 // The monitor thread's body (monitor_thread.cc); arg: the MonitorRun.
 void *monitor_main(void *arg);

@@ -29,8 +29,9 @@ constexpr uint64_t kUffdReady = 1;
 constexpr uint64_t kControlRead = 2;
 
 void publish(MonitorRun *run, InvalidationKind kind, uint64_t start, uint64_t end) noexcept {
-  // MRC_TEST_DROP_EVENTS=1 (test-only): read and count events but publish nothing, so that the
-  // stress harness can prove its oracle detects a cache that misses invalidations.
+  // The test switch (testing::set_drop_events; MRC_TEST_DROP_EVENTS=1 in test programs only):
+  // read and count events but publish nothing, so that the stress harness can prove its oracle
+  // detects a cache that misses invalidations.
   if (run->drop_events) return;
   run->queue->append(
       Invalidation{static_cast<uintptr_t>(start), static_cast<uintptr_t>(end), kind});

@@ -19,6 +19,13 @@
 #include "uffd/kernel.h"
 #include "uffd/modes.h"
 
+// Valgrind's client request, when its header is installed (Debian: valgrind); without it the
+// preload valgrind puts into the environment tells (running_under_valgrind).
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define MRC_HAVE_VALGRIND_H 1
+#endif
+
 namespace mrc::uffd::detail {
 
 namespace {
@@ -93,6 +100,23 @@ bool probe_registration(int fd, uint64_t register_mode, int *error) noexcept {
   return ok;
 }
 
+// Valgrind runs one thread at a time, and a thread in munmap keeps its lock: the kernel holds that
+// munmap of watched memory until the monitor thread has read its event, and the monitor cannot
+// run until the munmap returns. The first unmap of cached memory would hang the process, so no
+// userfaultfd mode works under valgrind. Returns how valgrind was recognised, or nullptr.
+const char *running_under_valgrind() noexcept {
+#if defined(MRC_HAVE_VALGRIND_H)
+  // A magic instruction sequence: 0 natively, cheap, no library call.
+  if (RUNNING_ON_VALGRIND != 0) return "RUNNING_ON_VALGRIND";
+  return nullptr;
+#else
+  // valgrind preloads vgpreload_core-<arch>.so (and its tool's vgpreload_<tool>-<arch>.so).
+  const char *preload = getenv("LD_PRELOAD");  // NOLINT(concurrency-mt-unsafe): no setenv here
+  return preload != nullptr && strstr(preload, "vgpreload") != nullptr ? "LD_PRELOAD has vgpreload"
+                                                                       : nullptr;
+#endif
+}
+
 // What MRC_MONITOR asks for: the best mode that works (automatic), or one mode (uncached: "off").
 struct Wanted {
   bool automatic = true;
@@ -124,6 +148,17 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   }
   if (!wanted.automatic && wanted.mode == MRC_MONITOR_UNCACHED) {
     why.add("MRC_MONITOR=%s: no userfaultfd; every get registers, the last put deregisters", env);
+    return result;
+  }
+  if (const char *how = running_under_valgrind()) {
+    // Whatever MRC_MONITOR asks: any mode with a monitor thread would hang at the first unmap.
+    // "unavailable": the process says so once (one line on stderr, monitor.cc).
+    result.unavailable = true;
+    why.add(
+        "running under valgrind (%s), which runs one thread at a time: an unmap of watched "
+        "memory would wait forever for the monitor thread, so no userfaultfd is used; every get "
+        "registers, the last put deregisters",
+        how);
     return result;
   }
 

@@ -20,6 +20,9 @@ void set_queue_capacity(size_t records) {
 void set_vma_budget(uint64_t vmas) { g_monitor.vma_budget.store(vmas, std::memory_order_relaxed); }
 void set_idle_vmas(int64_t vmas) { g_monitor.idle_vmas.store(vmas, std::memory_order_relaxed); }
 void force_poll_loop(bool on) { g_monitor.force_poll.store(on, std::memory_order_relaxed); }
+void set_drop_events(bool (*wanted)()) {
+  detail::g_drop_events.store(wanted, std::memory_order_relaxed);
+}
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {

@@ -17,6 +17,11 @@ void set_idle_vmas(int64_t vmas);
 void force_poll_loop(bool on);
 // While on, the monitor leaves events unread (their unmappers stay blocked in the kernel).
 void pause_monitor(bool on);
+// From the next monitor start, `wanted()` (called then, under the registry mutex) decides
+// whether the monitor reads and counts events but publishes none: a cache that misses every
+// invalidation, for proving that an oracle catches one. nullptr = never (the default). Installed
+// from MRC_TEST_DROP_EVENTS=1 by uffd/testing_env.cc, which only test programs and tools link.
+void set_drop_events(bool (*wanted)());
 // UFFDIO_REGISTER calls made by watch() since the process started.
 uint64_t registrations();
 // Called (under the registry mutex) between watch()'s lookup of a mapping and its

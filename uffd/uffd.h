@@ -14,11 +14,11 @@
 //
 // Environment (read at each monitor start):
 //   MRC_MONITOR=auto|wp-async|wp|missing|off   forces a mode; off means uncached.
-//   MRC_TEST_DROP_EVENTS=1                     TEST ONLY: the monitor reads and counts events
-//                                              but publishes nothing, so that the stress
-//                                              harness can prove that its oracle catches a
-//                                              cache that misses invalidations. Never set it
-//                                              in production: every unmap goes unnoticed.
+// MRC_TEST_DROP_EVENTS=1 (the monitor reads and counts events but publishes nothing, so that the
+// stress harness can prove that its oracle catches a cache that misses invalidations) is not read
+// by the library: only programs that link uffd/testing_env.cc (the tests and tools, through the
+// build's mrcache_internal target) honour it, so libmrcache never hands out stale registrations
+// because of a variable left set.
 #pragma once
 
 #include "mrcache/mrcache.h"

@@ -93,6 +93,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "backends/backends.h"
 #include "core/cache/counters.h"
 #include "core/cache/parking_line.h"
 #include "core/cache/reentry.h"
@@ -169,6 +170,8 @@ class Cache {
   // put() while over_bound_ is set: releases without parking and trims when the region is left
   // unused.
   [[gnu::noinline]] void put_over_bound(Region *region) noexcept;
+  // A put that Region::drop refused (the caller held no reference): logged, nothing changed.
+  [[gnu::cold, gnu::noinline]] void refuse_put(const Region *region) noexcept;
   // Takes mutex_: evicts back to the bound, then finishes what that released.
   void trim() noexcept;
   void promote(Region *region) noexcept;
@@ -227,7 +230,7 @@ class Cache {
   static void recycle_regions(void *chain) noexcept;
 
   char name_[64] = "mrcache";
-  mrc_backend_t backend_{};  // the caller's ops, completed with not-supported defaults
+  backends::CheckedOps backend_{};  // the caller's ops, completed with not-supported defaults
   void *backend_ctx_ = nullptr;
   size_t max_regions_ = 0;
   size_t max_bytes_ = 0;

@@ -4,9 +4,12 @@
 // layout and is bound by .symver to name@MRCACHE_0, which programs built against 0.1 reference;
 // *_v2 is name@@MRCACHE_0.2, the default that new builds (and the static library) bind to.
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 #include "backends/backend_v0.h"
+#include "backends/backends.h"
 #include "base/error.h"
 #include "base/sized.h"
 #include "core/cache/cache.h"
@@ -31,6 +34,17 @@ struct CacheParamsV0 {
 };
 
 namespace {
+
+// A refused call: MRC_ERR_INVALID with the reason, "<call>: <what>", in mrc_last_error()
+// (docs/DESIGN.md, "The C API contract"). Cold: only error branches call it.
+[[gnu::cold, gnu::noinline]] __attribute__((format(printf, 1, 2))) mrc_status_t invalid(
+    const char *format, ...) noexcept {
+  va_list args;
+  va_start(args, format);
+  mrc::set_last_error_v(format, args);
+  va_end(args);
+  return MRC_ERR_INVALID;
+}
 
 mrc::Cache *to_cache(mrc_cache_t *cache) { return reinterpret_cast<mrc::Cache *>(cache); }
 mrc::Region *to_region(mrc_region_t *region) { return static_cast<mrc::Region *>(region); }
@@ -72,12 +86,29 @@ mrc_cache_params_t params_from_v0(const CacheParamsV0 &in, mrc_backend_t *backen
   out.flags = in.flags;
   out.verify_pfn_pages = in.verify_pfn_pages;
   out.alignment = in.alignment;
-  out.env_status = in.env_status;
+  std::memcpy(&out.env_status, &in.env_status, sizeof out.env_status);  // any value: see create
   return out;
 }
 
 mrc_status_t create(const mrc_cache_params_t &params, mrc_cache_t **out) {
-  if (params.env_status != MRC_OK) return params.env_status;
+  // Read as an int: an uninitialised struct may hold any value, and loading one outside the
+  // enumeration as an mrc_status_t is undefined.
+  int env_status = 0;
+  std::memcpy(&env_status, &params.env_status, sizeof env_status);
+  if (env_status != MRC_OK) {
+    if (!mrc::backends::is_status(env_status)) {
+      mrc::set_last_error(
+          "mrc_cache_create: env_status %d is not an mrc_status_t (fill the params with "
+          "mrc_cache_params_init)",
+          env_status);
+      return MRC_ERR_INVALID;
+    }
+    mrc::set_last_error(
+        "mrc_cache_create: env_status is %s: mrc_cache_params_init found a malformed MRC_* "
+        "variable (mrc_cache_params_init_checked names it)",
+        mrc_status_string(static_cast<mrc_status_t>(env_status)));
+    return static_cast<mrc_status_t>(env_status);
+  }
   mrc::Cache *cache = nullptr;
   mrc_status_t status = mrc::Cache::create(params, &cache);
   if (status == MRC_OK) *out = reinterpret_cast<mrc_cache_t *>(cache);
@@ -114,15 +145,21 @@ MRC_SYMVER(mrc_cache_destroy_v0, mrc_cache_destroy, "@MRCACHE_0");
 
 mrc_status_t mrc_cache_params_init_checked_v2(mrc_cache_params_t *params, char *errbuf,
                                               size_t errlen) {
-  if (params == nullptr) return MRC_ERR_INVALID;
+  if (params == nullptr) return invalid("mrc_cache_params_init_checked: params is NULL");
   if (errbuf != nullptr && errlen != 0) errbuf[0] = '\0';
   params_defaults(params);
-  return mrc::config::apply_environment(params, errbuf, errlen);
+  char text[mrc::kLastErrorSize];
+  const mrc_status_t status = mrc::config::apply_environment(params, text, sizeof text);
+  if (status != MRC_OK) {
+    if (errbuf != nullptr && errlen != 0) std::snprintf(errbuf, errlen, "%s", text);
+    mrc::set_last_error("%s", text);
+  }
+  return status;
 }
 
 void mrc_cache_params_init_v2(mrc_cache_params_t *params) {
   if (params == nullptr) return;
-  char error[256];
+  char error[mrc::kLastErrorSize];
   if (mrc_cache_params_init_checked_v2(params, error, sizeof error) != MRC_OK) {
     MRC_LOG_ERROR("{}; mrc_cache_create will refuse these parameters", error);
     params->env_status = MRC_ERR_INVALID;
@@ -130,7 +167,9 @@ void mrc_cache_params_init_v2(mrc_cache_params_t *params) {
 }
 
 mrc_status_t mrc_cache_create_v2(const mrc_cache_params_t *params, mrc_cache_t **out) {
-  if (params == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  if (params == nullptr || out == nullptr) {
+    return invalid("mrc_cache_create: %s is NULL", params == nullptr ? "params" : "out");
+  }
   // Fields past the caller's struct_size keep the defaults, so the copy starts from them.
   mrc_cache_params_t known;
   params_defaults(&known);
@@ -147,7 +186,7 @@ mrc_status_t mrc_cache_create_v2(const mrc_cache_params_t *params, mrc_cache_t *
 }
 
 mrc_status_t mrc_cache_params_init_checked_v0(CacheParamsV0 *params, char *errbuf, size_t errlen) {
-  if (params == nullptr) return MRC_ERR_INVALID;
+  if (params == nullptr) return invalid("mrc_cache_params_init_checked: params is NULL");
   mrc_cache_params_t current;
   mrc_status_t status = mrc_cache_params_init_checked_v2(&current, errbuf, errlen);
   params_to_v0(current, params);
@@ -162,7 +201,9 @@ void mrc_cache_params_init_v0(CacheParamsV0 *params) {
 }
 
 mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out) {
-  if (params == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  if (params == nullptr || out == nullptr) {
+    return invalid("mrc_cache_create: %s is NULL", params == nullptr ? "params" : "out");
+  }
   mrc_backend_t backend{};
   return create(params_from_v0(*params, &backend), out);
 }
@@ -170,7 +211,7 @@ mrc_status_t mrc_cache_create_v0(const CacheParamsV0 *params, mrc_cache_t **out)
 // 0.2: refused (MRC_ERR_BUSY, nothing changed) while the application holds a region, or from
 // inside one of the cache's callbacks.
 mrc_status_t mrc_cache_destroy_v2(mrc_cache_t *cache) {
-  if (cache == nullptr) return MRC_ERR_INVALID;
+  if (cache == nullptr) return invalid("mrc_cache_destroy: cache is NULL");
   return mrc::Cache::destroy(to_cache(cache), /*refuse_held=*/true);
 }
 
@@ -194,7 +235,10 @@ mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigned prot,
 
 mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
                              unsigned prot, mrc_region_t **out) {
-  if (cache == nullptr || addr == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  if (cache == nullptr || addr == nullptr || out == nullptr) {
+    return invalid("mrc_get: %s is NULL",
+                   cache == nullptr ? "cache" : (addr == nullptr ? "addr" : "out"));
+  }
   mrc::Region *region = nullptr;
   mrc_status_t status =
       to_cache(cache)->get(reinterpret_cast<uintptr_t>(addr), len, alignment, prot, &region);
@@ -209,8 +253,17 @@ void mrc_put(mrc_cache_t *cache, mrc_region_t *region) {
 
 mrc_status_t mrc_invalidate(mrc_cache_t *cache, mrc_region_t *region, void (*done)(void *),
                             void *arg) {
-  if (cache == nullptr || region == nullptr) return MRC_ERR_INVALID;
-  return to_cache(cache)->invalidate(to_region(region), done, arg);
+  if (cache == nullptr || region == nullptr) {
+    return invalid("mrc_invalidate: %s is NULL", cache == nullptr ? "cache" : "region");
+  }
+  const mrc_status_t status = to_cache(cache)->invalidate(to_region(region), done, arg);
+  if (status == MRC_ERR_INVALID) {
+    return invalid(
+        "mrc_invalidate: the region is not one of cache %s's regions, or it is a "
+        "remembered registration failure",
+        to_cache(cache)->name());
+  }
+  return status;
 }
 
 void *mrc_region_start(const mrc_region_t *region) {
@@ -230,7 +283,13 @@ unsigned mrc_region_prot(const mrc_region_t *region) {
 }
 
 mrc_status_t mrc_cache_stats_sized(mrc_cache_t *cache, mrc_stats_t *stats, size_t size) {
-  if (cache == nullptr || stats == nullptr || size < MRC_STATS_SIZE_0_1) return MRC_ERR_INVALID;
+  if (cache == nullptr || stats == nullptr || size < MRC_STATS_SIZE_0_1) {
+    if (cache == nullptr || stats == nullptr) {
+      return invalid("mrc_cache_stats: %s is NULL", cache == nullptr ? "cache" : "stats");
+    }
+    return invalid("mrc_cache_stats: size %zu is below the 0.1 mrc_stats_t (%zu)", size,
+                   static_cast<size_t>(MRC_STATS_SIZE_0_1));
+  }
   mrc_stats_t all{};
   if (const mrc_status_t status = to_cache(cache)->stats(&all); status != MRC_OK) return status;
   mrc::sized_output_copy(stats, size, &all, sizeof all);
@@ -243,12 +302,15 @@ mrc_status_t mrc_cache_stats_v0(mrc_cache_t *cache, mrc_stats_t *stats) {
 }
 
 int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len) {
-  if (cache == nullptr || (buf == nullptr && len != 0)) return MRC_ERR_INVALID;
+  if (cache == nullptr || (buf == nullptr && len != 0)) {
+    return invalid("mrc_cache_stats_json: %s",
+                   cache == nullptr ? "cache is NULL" : "buf is NULL with a length");
+  }
   return to_cache(cache)->stats_json(buf, len);
 }
 
 mrc_status_t mrc_cache_purge(mrc_cache_t *cache) {
-  if (cache == nullptr) return MRC_ERR_INVALID;
+  if (cache == nullptr) return invalid("mrc_cache_purge: cache is NULL");
   return to_cache(cache)->purge(true);
 }
 

@@ -9,6 +9,9 @@
 #include <cstring>
 #include <limits>
 
+#include "core/cache/log.h"
+#include "uffd/modes.h"
+
 namespace mrc::config {
 
 bool parse_size(const char *text, size_t *out) noexcept {
@@ -76,10 +79,15 @@ const char *env(const char *name) noexcept {
   return (value != nullptr && *value != '\0') ? value : nullptr;
 }
 
+// Every malformed variable is reported, not only the last: "A=x is not ...; B=y is not ...".
 mrc_status_t bad(char *errbuf, size_t errlen, const char *name, const char *value,
                  const char *expected) noexcept {
   if (errbuf != nullptr && errlen > 0) {
-    std::snprintf(errbuf, errlen, "%s=%s is not %s", name, value, expected);
+    const size_t used = strnlen(errbuf, errlen);
+    if (used + 1 < errlen) {
+      std::snprintf(errbuf + used, errlen - used, "%s%s=%s is not %s", used != 0 ? "; " : "", name,
+                    value, expected);
+    }
   }
   return MRC_ERR_INVALID;
 }
@@ -95,6 +103,7 @@ mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf, size_t 
                            {"MRC_MAX_BYTES", &params->max_bytes},
                            {"MRC_MAX_UNRELEASED", &params->max_unreleased}};
   mrc_status_t status = MRC_OK;
+  if (errbuf != nullptr && errlen > 0) errbuf[0] = '\0';
   for (const SizeVar &var : sizes) {
     const char *value = env(var.name);
     if (value == nullptr) continue;
@@ -127,20 +136,44 @@ mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf, size_t 
   if (const char *value = env("MRC_VERIFY_PFN")) {
     size_t pages = 0;
     bool on = false;
+    bool understood = true;
     if (parse_size(value, &pages) && pages != std::numeric_limits<size_t>::max()) {
       on = pages != 0;
     } else if (parse_bool(value, &on)) {
       pages = on ? 1 : 0;
     } else {
       status = bad(errbuf, errlen, "MRC_VERIFY_PFN", value, "a page count or a boolean");
-      return status;
+      understood = false;
     }
-    if (on) {
+    if (understood && on) {
       params->flags |= MRC_FLAG_VERIFY_PFN;
       params->verify_pfn_pages = pages;
-    } else {
+    } else if (understood) {
       params->flags &= ~static_cast<unsigned>(MRC_FLAG_VERIFY_PFN);
     }
+  }
+  // Variables that are no cache parameter but that a cache created now obeys (the monitor's mode,
+  // the log level, statistics at destroy): a malformed one is reported here too, so that
+  // mrc_cache_params_init_checked and mrcache-info name it instead of a silent default.
+  if (const char *value = env("MRC_MONITOR")) {
+    mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
+    if (std::strcmp(value, uffd::detail::kAutoModeSetting) != 0 &&
+        !uffd::detail::parse_mode_setting(value, &mode)) {
+      status =
+          bad(errbuf, errlen, "MRC_MONITOR", value, "a mode (auto, wp-async, wp, missing, off)");
+    }
+  }
+  if (const char *value = env("MRC_LOG_LEVEL")) {
+    mrc_log_level_t level = MRC_LOG_WARN;
+    if (!log::parse_level(value, &level)) {
+      status =
+          bad(errbuf, errlen, "MRC_LOG_LEVEL", value, "a level (error, warn, info, debug, trace)");
+    }
+  }
+  if (const char *value = env("MRC_STATS")) {
+    bool on = false;
+    if (!parse_bool(value, &on))
+      status = bad(errbuf, errlen, "MRC_STATS", value, "a boolean (0/1, yes/no)");
   }
   return status;
 }

@@ -13,8 +13,10 @@ namespace mrc::config {
 // "1|0|yes|no|true|false|on|off|y|n".
 [[nodiscard]] bool parse_bool(const char *text, bool *out) noexcept;
 
-// Applies every MRC_* variable that names a cache parameter. On a malformed value the params
-// are left as they were for that variable and errbuf names the variable and the value.
+// Applies every MRC_* variable that names a cache parameter, and checks those a cache obeys
+// otherwise (MRC_MONITOR, MRC_LOG_LEVEL, MRC_STATS). On a malformed value the params are left as
+// they were for that variable and errbuf names every malformed variable with its value
+// ("A=x is not ...; B=y is not ..."); MRC_ERR_INVALID.
 [[nodiscard]] mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf,
                                              size_t errlen) noexcept;
 

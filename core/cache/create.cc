@@ -13,6 +13,7 @@
 #include "backends/backends.h"
 #include "base/check.h"
 #include "base/epoch.h"
+#include "base/error.h"
 #include "base/pagemap.h"
 #include "core/cache/alignment.h"
 #include "core/cache/config.h"
@@ -25,14 +26,21 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   if (out == nullptr) return MRC_ERR_INVALID;
   constexpr unsigned kKnownFlags =
       MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS;
+  // Each refusal says why in mrc_last_error() (docs/DESIGN.md, "The C API contract").
   if ((params.flags & ~kKnownFlags) != 0) {
+    set_last_error("mrc_cache_create: unknown flags %#x", params.flags & ~kKnownFlags);
     return MRC_ERR_INVALID;
   }
   if (params.alignment != 0 &&
       (!is_power_of_two(params.alignment) || params.alignment < kPageSize)) {
+    set_last_error("mrc_cache_create: alignment %zu is not a power of two of at least %zu",
+                   params.alignment, kPageSize);
     return MRC_ERR_INVALID;
   }
-  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) return MRC_ERR_INVALID;
+  if (params.name != nullptr && std::strlen(params.name) >= sizeof(name_)) {
+    set_last_error("mrc_cache_create: the name is longer than %zu characters", sizeof(name_) - 1);
+    return MRC_ERR_INVALID;
+  }
   mrc_backend_t backend{};
   // A plugin may leave operations out: they get not-supported defaults, never NULL checks here.
   // The caller's table is read by its struct_size and copied: the cache keeps no pointer to it.
@@ -44,7 +52,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   Cache *cache = new (std::nothrow) Cache();
   if (cache == nullptr) return MRC_ERR_NO_MEMORY;
   if (params.name != nullptr) std::snprintf(cache->name_, sizeof(cache->name_), "%s", params.name);
-  cache->backend_ = backend;
+  cache->backend_ = backends::CheckedOps(backend);
   cache->backend_ctx_ = params.backend_ctx;
   cache->max_regions_ = params.max_regions;
   cache->max_bytes_ = params.max_bytes;
@@ -92,7 +100,13 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
   if (cache == nullptr) return MRC_OK;
   // From its reg (under mutex_), a dereg or an invalidate callback, or a callback its own destroy
   // runs: destroying would deadlock, recurse, or free the cache under the code that called back.
-  if (inside_any(cache)) return MRC_ERR_BUSY;
+  if (inside_any(cache)) {
+    set_last_error(
+        "mrc_cache_destroy: cache %s is running the code that called it (its reg, a "
+        "dereg, an invalidate callback or its own destroy)",
+        cache->name_);
+    return MRC_ERR_BUSY;
+  }
   if (refuse_held) {
     bool held = false;
     Region *deferred = nullptr;
@@ -103,7 +117,13 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
       deferred = cache->take_deferred_locked();
     }
     cache->finish_all(deferred);
-    if (held) return MRC_ERR_BUSY;
+    if (held) {
+      set_last_error(
+          "mrc_cache_destroy: cache %s: the application still holds a region (put it, "
+          "or close the segment registered with it, first)",
+          cache->name_);
+      return MRC_ERR_BUSY;
+    }
   }
   // The callbacks destroy runs (deregistrations batched by max_unreleased, regions still held for
   // the 0.1 call) find the cache being destroyed: a get from them is refused (get_slow).

@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include "base/epoch.h"
+#include "base/error.h"
 #include "base/pagemap.h"
 #include "base/thread_slot.h"
 #include "core/cache/alignment.h"
@@ -19,22 +20,43 @@ namespace {
 
 constexpr unsigned kValidProt = MRC_PROT_READ | MRC_PROT_WRITE;
 
+// A get refused for its arguments: the reason in mrc_last_error() (docs/DESIGN.md, "The C API
+// contract"). Cold and out of line: the hit path only tests the arguments.
+[[gnu::cold, gnu::noinline]] mrc_status_t refuse_get(uintptr_t address, size_t length,
+                                                     size_t alignment, unsigned prot) noexcept {
+  const char *why = "the range wraps around the address space";
+  if (length == 0) {
+    why = "the length is 0";
+  } else if (prot == 0 || (prot & ~kValidProt) != 0) {
+    why = "prot is not MRC_PROT_READ and/or MRC_PROT_WRITE";
+  } else if (alignment != 0 && (!is_power_of_two(alignment) || alignment < kPageSize)) {
+    why = "the alignment is not a power of two of at least the page size";
+  }
+  set_last_error("mrc_get: %s (addr %#lx, len %zu, alignment %zu, prot %#x)", why,
+                 static_cast<unsigned long>(address), length, alignment, prot);
+  return MRC_ERR_INVALID;
+}
+
 }  // namespace
 
 mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsigned prot,
                         Region **out) noexcept {
   if (out == nullptr || length == 0 || prot == 0 || (prot & ~kValidProt) != 0) {
-    return MRC_ERR_INVALID;
+    return refuse_get(address, length, alignment, prot);
   }
   if (alignment != 0 && (!is_power_of_two(alignment) || alignment < kPageSize)) {
-    return MRC_ERR_INVALID;
+    return refuse_get(address, length, alignment, prot);
   }
   uintptr_t request_end = 0;
-  if (__builtin_add_overflow(address, length, &request_end)) return MRC_ERR_INVALID;
+  if (__builtin_add_overflow(address, length, &request_end)) {
+    return refuse_get(address, length, alignment, prot);
+  }
   const uintptr_t align = std::max<uintptr_t>(alignment, alignment_);
   const uintptr_t start = address & ~(align - 1);
   uintptr_t end = 0;
-  if (__builtin_add_overflow(request_end, align - 1, &end)) return MRC_ERR_INVALID;
+  if (__builtin_add_overflow(request_end, align - 1, &end)) {
+    return refuse_get(address, length, alignment, prot);
+  }
   end &= ~(align - 1);
 
   // Exact mode: the probe comes after the get began and before the fast path's quiescent()
@@ -123,7 +145,20 @@ void Cache::put(Region *region) noexcept {
     return;
   }
   if (thread.exclusive && park(thread.index, region)) return;
-  release(region);
+  const Region::Drop drop = region->drop();
+  if (drop == Region::Drop::Last) {
+    release_last(region);
+  } else if (__builtin_expect(drop == Region::Drop::Refused, 0)) {
+    refuse_put(region);
+  }
+}
+
+// mrc_put has no status to return: the refusal goes to the log at error level (mrcache.h).
+void Cache::refuse_put(const Region *region) noexcept {
+  MRC_LOG_ERROR(
+      "cache {}: mrc_put of [{:#x}, {:#x}) refused: the caller holds no reference to it (put "
+      "twice, or never got); nothing changed",
+      name_, region->start, region->end);
 }
 
 // Every region was in use when the cache last went past its bound, so one of these puts is the
@@ -131,8 +166,13 @@ void Cache::put(Region *region) noexcept {
 void Cache::put_over_bound(Region *region) noexcept {
   const bool cached = region->has(Region::kInTable);  // our reference keeps the region alive
   uint64_t left = 0;
-  if (region->drop_reference(&left)) {
+  const Region::Drop drop = region->drop(&left);
+  if (drop == Region::Drop::Last) {
     release_last(region);
+    return;
+  }
+  if (drop == Region::Drop::Refused) {
+    refuse_put(region);
     return;
   }
   // Not read again after the drop: the region may be gone. left == 1 with a region removed in

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "base/check.h"
+#include "base/error.h"
 #include "core/cache/cache.h"
 #include "core/cache/log.h"
 
@@ -14,9 +15,19 @@ constinit thread_local InsideFrame *tls_inside = nullptr;
 
 bool Cache::Lock::acquire(bool wait) noexcept {
   MRC_DASSERT(!held_);
-  if (inside(&cache_, Inside::Lock)) return false;  // std::mutex is not recursive
+  if (inside(&cache_, Inside::Lock)) {  // std::mutex is not recursive
+    set_last_error("cache %s: called back from its own backend's reg, which runs under its lock",
+                   cache_.name_);
+    return false;
+  }
   if (!wait && inside_a_lock()) {
-    if (!cache_.mutex_.try_lock()) return false;
+    if (!cache_.mutex_.try_lock()) {
+      set_last_error(
+          "cache %s: busy, and this thread holds another cache's lock (a reg calling "
+          "into this cache): waiting could deadlock",
+          cache_.name_);
+      return false;
+    }
   } else {
     cache_.mutex_.lock();
   }

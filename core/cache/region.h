@@ -33,7 +33,9 @@
 //                                                    one per parked reference: 1 is unused (the
 //                                                    only count eviction takes), more is in use
 //    get_fast (no lock) and get_slow (mutex_) add references; put drops them (release), or
-//    parks them once the region is Parkable.
+//    parks them once the region is Parkable. A drop that would take the table's own reference
+//    (a count of 1 while kInTable: a second put of one reference) is refused, nothing changed
+//    (Region::drop; put logs it).
 //    -> Parkable: promote (mutex_), after kPromoteAfter consecutive fast-path hits of one
 //       thread (count_streak).
 //    -> Invalidated: remove_locked (mutex_), called by drain_locked (an unmap event),
@@ -222,24 +224,65 @@ struct Region : PgtRegion, mrc_region {
   bool try_acquire() noexcept {
     return (refcount.fetch_add(1, std::memory_order_acquire) & kDead) == 0;
   }
-  // True for the one caller that dropped the last reference and must retire the region. The
-  // last reference costs one locked instruction too: 1 -> kDead directly.
-  // When it returns false and `left` is given, *left is the count this drop left (references of
-  // others, which may be gone by the time the caller reads it).
-  bool drop_reference(uint64_t *left = nullptr) noexcept {
-    uint64_t one = 1;
-    if (refcount.load(std::memory_order_relaxed) == 1 &&
-        refcount.compare_exchange_strong(one, kDead, std::memory_order_acq_rel,
-                                         std::memory_order_relaxed)) {
-      return true;
+  // How a drop of one reference ended (drop()).
+  enum class Drop {
+    Kept,     // others still hold references
+    Last,     // the caller dropped the last one and must retire the region (kDead is set)
+    Refused,  // the caller held none: nothing changed (see drop())
+  };
+  // Drops one reference. Last for the one caller that dropped the last reference; that costs one
+  // locked instruction too: 1 -> kDead directly. When it returns Kept and `left` is given, *left
+  // is the count this drop left (references of others, which may be gone by the time the caller
+  // reads it).
+  //
+  // Refused, with the count as it was, when the drop would take the count below what others
+  // provably hold: the table's own reference (kInTable with a count of 1: a second mrc_put of one
+  // reference would otherwise end the registration the page table still hands out), a count
+  // already zero, or a dead region. A legitimate drop is never refused: kInTable means the table
+  // holds one reference besides the caller's, and remove_locked clears kInTable before it drops
+  // the table's reference, so a drop that reads that decrement (acquire) sees the flag clear.
+  // The check costs the hit path nothing: the comparison that tells "last reference" from "others
+  // hold some" is one signed comparison with 2 on the loaded count (and on the decrement's old
+  // value) instead of an equality with 1 (kDead is the sign bit, so a dead count is below 2
+  // too); the flag is read only on the last-reference branch. Racing double puts can
+  // still be refused in place of another thread's legitimate put; the count then stays right.
+  Drop drop(uint64_t *left = nullptr) noexcept {
+    uint64_t seen = refcount.load(std::memory_order_relaxed);
+    if (__builtin_expect(static_cast<int64_t>(seen) < 2, 0)) {  // 0, 1 or dead: look closer
+      if (seen != 1) return Drop::Refused;
+      // Again with acquire (a load, not a fence: ThreadSanitizer does not model fences): a 1 left
+      // by the remover's release decrement (remove_locked) shows its kInTable clear. Any other
+      // value goes on to the decrement, which checks again.
+      seen = refcount.load(std::memory_order_acquire);
+      if (seen == 1) {
+        if ((flags.load(std::memory_order_relaxed) & kInTable) != 0) return Drop::Refused;
+        if (refcount.compare_exchange_strong(seen, kDead, std::memory_order_acq_rel,
+                                             std::memory_order_relaxed)) {
+          return Drop::Last;
+        }
+      }
     }
     const uint64_t before = refcount.fetch_sub(1, std::memory_order_acq_rel);
-    if (left != nullptr) *left = before - 1;
-    if (before != 1) return false;
-    uint64_t zero = 0;
-    return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
-                                            std::memory_order_relaxed);
+    if (__builtin_expect(static_cast<int64_t>(before) >= 2, 1)) {  // others hold references
+      if (left != nullptr) *left = before - 1;
+      return Drop::Kept;
+    }
+    if (before == 1 && (flags.load(std::memory_order_relaxed) & kInTable) == 0) {
+      if (left != nullptr) *left = 0;
+      uint64_t zero = 0;
+      return refcount.compare_exchange_strong(zero, kDead, std::memory_order_acq_rel,
+                                              std::memory_order_relaxed)
+                 ? Drop::Last
+                 : Drop::Kept;
+    }
+    // Only a racing misuse gets here (the count changed between the load and the decrement):
+    // give the reference back.
+    refcount.fetch_add(1, std::memory_order_relaxed);
+    return Drop::Refused;
   }
+  // drop() for the cache's own references (the table's, a parked one): true for Last. A parked
+  // reference that a second put parked without holding it is Refused, and so harmless.
+  bool drop_reference(uint64_t *left = nullptr) noexcept { return drop(left) == Drop::Last; }
 };
 
 static_assert(sizeof(Region) == 17 * sizeof(void *),

@@ -13,6 +13,7 @@
 #include <new>
 
 #include "base/check.h"
+#include "base/error.h"
 #include "base/pagemap.h"
 #include "base/proc_maps.h"
 #include "core/cache/alignment.h"
@@ -60,7 +61,11 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
                              uffd::Subscription::Unmaps unmaps, Region **out) noexcept {
   // A backend's reg calling back holds mutex_ already; a callback that destroy runs would start
   // a registration destroy never ends (docs/DESIGN.md, "The C API contract", "User code").
-  if (inside(this, Inside::Lock) || inside(this, Inside::Destroy)) return MRC_ERR_BUSY;
+  if (inside(this, Inside::Lock) || inside(this, Inside::Destroy)) {
+    set_last_error("mrc_get: cache %s: a miss from inside its own %s", name_,
+                   inside(this, Inside::Lock) ? "backend's reg" : "destroy's callbacks");
+    return MRC_ERR_BUSY;
+  }
   // An unmap in flight may have freed this memory before it was mapped again: wait until the
   // monitor has read it (outside mutex_: other slow paths need not wait too), and the drain
   // below applies it. When it outlasts the wait, or the kernel refuses the probe, no table

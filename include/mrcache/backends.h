@@ -23,6 +23,12 @@ struct ibv_mr;
 
 /* ---- every backend ---------------------------------------------------------------------- */
 
+/* A plugin's statuses: reg returns one of mrc_status_t's values. The cache checks what a plugin's
+ * reg returns: any other value (an errno, a count, 42) reaches the caller of mrc_get as
+ * MRC_ERR_BACKEND, with "<backend>: reg returned <value>, which is not an mrc_status_t" in
+ * mrc_last_error(), and is remembered like MRC_ERR_BACKEND (mrcache.h, mrc_get). A table handed
+ * out by mrc_backend_complete calls the plugin's own functions: their raw results. */
+
 /* The cause of the last failure of a backend call on the calling thread, as
  * "<backend>: <cause>", e.g. "iouring: buffer table full (4096 slots, 3 awaiting release)".
  * Meaningful right after a backend call returned an error; success does not clear it. Never

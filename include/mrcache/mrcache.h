@@ -1,8 +1,11 @@
 /* mrcache — memory-registration cache driven by userfaultfd.
  *
  * The stable C API that runtimes embed. Every call is thread-safe unless it says otherwise.
- * Errors are mrc_status_t values; no call throws, aborts or prints on bad input: it returns
- * MRC_ERR_INVALID and changes nothing.
+ * Errors are mrc_status_t values; no call throws or aborts on bad input: it returns
+ * MRC_ERR_INVALID, changes nothing, and says why in mrc_last_error(). No call prints: what the
+ * library has to say goes to the log handler (mrc_set_log_handler; only the default handler
+ * writes to stderr). A call that returns nothing (mrc_put) reports the misuse it detects through
+ * that handler at MRC_LOG_ERROR, and changes nothing.
  *
  * How the ABI grows (docs/DESIGN.md, "C ABI"): a program built against an older mrcache.h keeps
  * running on a newer libmrcache.so.0. Symbols carry versions (MRCACHE_0 = 0.1, MRCACHE_0.2, ...):
@@ -133,7 +136,10 @@ typedef struct {
   size_t alignment;        /* registration alignment in bytes (power of two, >= page);
                               0 = the page size */
   mrc_status_t env_status; /* set by mrc_cache_params_init when an MRC_* variable is
-                              malformed; mrc_cache_create then refuses the params */
+                              malformed; mrc_cache_create then returns it. A value that is
+                              not an mrc_status_t (a struct not filled by the init function)
+                              is refused with MRC_ERR_INVALID. Either way mrc_last_error()
+                              says why */
 } mrc_cache_params_t;
 /* The smallest struct_size accepted: the first layout that carried one (0.2). */
 #define MRC_CACHE_PARAMS_SIZE_0_2 (offsetof(mrc_cache_params_t, env_status) + sizeof(mrc_status_t))
@@ -149,8 +155,13 @@ typedef struct {
 
 /* struct_size, the defaults, then the MRC_* environment variables. */
 MRC_API void mrc_cache_params_init(mrc_cache_params_t *params);
-/* Like mrc_cache_params_init, but reports a malformed MRC_* variable instead of ignoring it:
- * MRC_ERR_INVALID, with the variable's name in errbuf. */
+/* Like mrc_cache_params_init, but reports malformed MRC_* variables instead of ignoring them:
+ * MRC_ERR_INVALID, and every malformed one named with its value ("MRC_MONITOR=x is not a mode
+ * (...); MRC_STATS=y is not a boolean (...)") in errbuf (may be NULL) and in mrc_last_error().
+ * Checked: the cache parameters (MRC_MAX_REGIONS, MRC_MAX_BYTES, MRC_MAX_UNRELEASED,
+ * MRC_PURGE_ON_FORK, MRC_ORDERED_UNMAPS, MRC_VERIFY_PFN) and the variables a cache obeys
+ * otherwise (MRC_MONITOR, MRC_LOG_LEVEL, MRC_STATS). mrc_cache_params_init logs the same text at
+ * MRC_LOG_ERROR and sets env_status, so that mrc_cache_create refuses the params. */
 MRC_API mrc_status_t mrc_cache_params_init_checked(mrc_cache_params_t *params, char *errbuf,
                                                    size_t errlen);
 /* MRC_ERR_INVALID for a struct_size outside the rule at the top of this file. */
@@ -181,6 +192,12 @@ MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigne
  * out, and a registration merged with its neighbours is rounded out to the alignment. */
 MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
                                      unsigned prot, mrc_region_t **out);
+/* Drops the reference a get returned. A put the cache can tell is wrong changes nothing and is
+ * reported at MRC_LOG_ERROR through the log handler: a region of another cache, or a reference
+ * not held (a second put of one reference, detected when it would drop the cache's own
+ * reference to a cached region, or when the region has none left). NULL cache or region: no-op.
+ * A put of a reference not held is still a bug of the caller: it is detected when it would break
+ * the cache, not always (it may take another holder's reference instead, who is then refused). */
 MRC_API void mrc_put(mrc_cache_t *cache, mrc_region_t *region);
 /* Drop `region` from the cache now; done(arg) runs once after its deregistration (after the
  * last mrc_put when it is in use). The caller's reference, if any, stays the caller's.
@@ -216,8 +233,10 @@ MRC_API int mrc_cache_stats_json(mrc_cache_t *cache, char *buf, size_t len);
 MRC_API const char *mrc_status_string(mrc_status_t status);
 MRC_API const char *mrc_version(void);
 /* Why the calling thread's last failed call failed: one text for the whole library, written by
- * the backends ("<backend>: <cause>", also a plugin's mrc_backend_set_error) and by the mrc_seg_*
- * calls. Meaningful right after a call returned an error. Never NULL ("" when nothing failed on
+ * the backends ("<backend>: <cause>", also a plugin's mrc_backend_set_error), by the mrc_seg_*
+ * calls, and by every cache call that refuses its arguments ("mrc_get: the length is 0"), its
+ * params (mrc_cache_create, mrc_cache_params_init_checked) or a plugin's result (backends.h).
+ * Meaningful right after a call returned an error. Never NULL ("" when nothing failed on
  * this thread); the text is the calling thread's own. A backend's success does not clear it; the
  * mrc_seg_* calls that return a status clear it when they start. mrc_backend_last_error() and
  * mrc_seg_last_error() are older names for this function (they return the same text). */
@@ -244,7 +263,9 @@ typedef enum {
   MRC_MONITOR_WP_ASYNC = 0, /* WP-only with UFFD_FEATURE_WP_ASYNC: any VMA, no faults */
   MRC_MONITOR_WP = 1,       /* WP-only: anonymous, shmem, hugetlbfs */
   MRC_MONITOR_MISSING = 2,  /* MISSING mode, every fault resolved by the monitor */
-  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put */
+  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put (also
+                               always under valgrind, which runs one thread at a time: an unmap
+                               would wait forever for the monitor thread) */
 } mrc_monitor_mode_t;
 
 typedef struct {

@@ -110,7 +110,9 @@ mrc_status_t reg_reenters(void *addr, size_t /*len*/) {
   // Every call that would need the mutex reg runs under is refused, not deadlocked.
   CHILD_CHECK(mrc_get(g_cache, static_cast<char *>(addr) + 1, 1, MRC_PROT_READ, &region) ==
               MRC_ERR_BUSY);
+  CHILD_CHECK(std::strstr(mrc_last_error(), "from inside its own backend's reg") != nullptr);
   CHILD_CHECK(mrc_cache_stats(g_cache, &stats) == MRC_ERR_BUSY);
+  CHILD_CHECK(std::strstr(mrc_last_error(), "called back from its own backend's reg") != nullptr);
   CHILD_CHECK(mrc_cache_stats_json(g_cache, json, sizeof json) == MRC_ERR_BUSY);
   CHILD_CHECK(mrc_cache_purge(g_cache) == MRC_ERR_BUSY);
   CHILD_CHECK(mrc_invalidate(g_cache, g_held, nullptr, nullptr) == MRC_ERR_BUSY);
@@ -513,6 +515,7 @@ TEST(CacheReentry, DestroyRefusedWhileARegionIsHeld) {
   mrc_put(cache, cached);
   const int live = g_live.load();
   EXPECT_EQ(mrc_cache_destroy(cache), MRC_ERR_BUSY);
+  EXPECT_NE(std::strstr(mrc_last_error(), "still holds a region"), nullptr) << mrc_last_error();
   EXPECT_EQ(g_live.load(), live) << "a refused destroy changed something";
   // The cache still works, and so does the held region.
   EXPECT_EQ(mrc_region_start(held), a);

@@ -122,4 +122,47 @@ TEST(Config, BadBooleanAndPfnValues) {
   }
 }
 
+// Issue 17: MRC_MONITOR, MRC_LOG_LEVEL and MRC_STATS were not checked, and only the last of
+// several malformed variables was named. Every one is reported, in errbuf and mrc_last_error().
+TEST(Config, EveryMalformedVariableIsReported) {
+  EnvVar monitor("MRC_MONITOR", "garbage");
+  EnvVar level("MRC_LOG_LEVEL", "loud");
+  EnvVar stats("MRC_STATS", "perhaps");
+  EnvVar bytes("MRC_MAX_BYTES", "lots");
+  EnvVar pfn("MRC_VERIFY_PFN", "some");
+  EnvVar fork("MRC_PURGE_ON_FORK", "maybe");
+  mrc_cache_params_t params;
+  char error[512];
+  EXPECT_EQ(mrc_cache_params_init_checked(&params, error, sizeof error), MRC_ERR_INVALID);
+  const std::string last = mrc_last_error();
+  for (const char *named :
+       {"MRC_MONITOR=garbage", "MRC_LOG_LEVEL=loud", "MRC_STATS=perhaps", "MRC_MAX_BYTES=lots",
+        "MRC_VERIFY_PFN=some", "MRC_PURGE_ON_FORK=maybe"}) {
+    EXPECT_NE(std::string(error).find(named), std::string::npos) << named << " in: " << error;
+    EXPECT_NE(last.find(named), std::string::npos) << named << " in: " << last;
+  }
+}
+
+TEST(Config, EachNewlyCheckedVariableAloneIsAnError) {
+  for (const char *name : {"MRC_MONITOR", "MRC_LOG_LEVEL", "MRC_STATS"}) {
+    SCOPED_TRACE(name);
+    {
+      EnvVar bad(name, "garbage");
+      mrc_cache_params_t params;
+      char error[256];
+      EXPECT_EQ(mrc_cache_params_init_checked(&params, error, sizeof error), MRC_ERR_INVALID);
+      EXPECT_NE(std::string(error).find(std::string(name) + "=garbage"), std::string::npos)
+          << error;
+    }
+  }
+  // Their good values pass.
+  EnvVar monitor("MRC_MONITOR", "auto");
+  EnvVar level("MRC_LOG_LEVEL", "warn");
+  EnvVar stats("MRC_STATS", "0");
+  mrc_cache_params_t params;
+  char error[256];
+  EXPECT_EQ(mrc_cache_params_init_checked(&params, error, sizeof error), MRC_OK) << error;
+  EXPECT_STREQ(error, "");
+}
+
 }  // namespace

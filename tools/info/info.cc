@@ -76,7 +76,7 @@ std::string env(const char *name) {
 // The configuration as a cache created now would see it.
 std::vector<Variable> configuration(std::string *problem) {
   mrc_cache_params_t params;
-  char error[256] = "";
+  char error[512] = "";
   if (mrc_cache_params_init_checked(&params, error, sizeof error) != MRC_OK) *problem = error;
   std::vector<Variable> vars;
   vars.push_back(
@@ -98,8 +98,19 @@ std::vector<Variable> configuration(std::string *problem) {
                       : "exact mode: every get probes for unmaps in flight (one ioctl)",
                   "1 skips the probe: only for processes where no thread maps memory while "
                   "another unmaps it"});
+  // A malformed value is never shown as if it took effect: the library refuses it (the ERROR
+  // line below gives mrc_cache_params_init_checked's text).
+  const char *const kRefused = "malformed: mrc_cache_create refuses it";
   std::string monitor = env("MRC_MONITOR");
-  vars.push_back({"MRC_MONITOR", monitor, monitor.empty() ? "auto" : monitor,
+  std::string monitor_effective = monitor.empty() ? "auto" : monitor;
+  if (!monitor.empty()) {
+    bool known = false;
+    for (const char *mode : {"auto", "wp-async", "wp", "missing", "off"}) {
+      known = known || monitor == mode;
+    }
+    if (!known) monitor_effective = kRefused;
+  }
+  vars.push_back({"MRC_MONITOR", monitor, monitor_effective,
                   "auto, wp-async, wp, missing or off (the mode chosen is below)"});
   vars.push_back({"MRC_VERIFY_PFN", env("MRC_VERIFY_PFN"),
                   (params.flags & MRC_FLAG_VERIFY_PFN) != 0
@@ -111,7 +122,7 @@ std::vector<Variable> configuration(std::string *problem) {
   std::string level_effective = "warn";
   if (!level.empty()) {
     static const char *const kLevels[] = {"error", "warn", "info", "debug", "trace"};
-    level_effective = "not a level (warn is used)";
+    level_effective = kRefused;
     for (int i = 0; i < 5; ++i) {
       if (strcasecmp(level.c_str(), kLevels[i]) == 0 || level == std::to_string(i)) {
         level_effective = kLevels[i];
@@ -122,7 +133,7 @@ std::vector<Variable> configuration(std::string *problem) {
   std::string stats = env("MRC_STATS");
   bool stats_on = false;
   const bool stats_ok = stats.empty() || parse_bool(stats, &stats_on);
-  vars.push_back({"MRC_STATS", stats, stats_ok ? (stats_on ? "on" : "off") : "not a boolean (off)",
+  vars.push_back({"MRC_STATS", stats, stats_ok ? (stats_on ? "on" : "off") : kRefused,
                   "print each cache's statistics when it is destroyed"});
   return vars;
 }
