@@ -16,7 +16,7 @@ packages=(
   rdma-core ibverbs-providers ibverbs-utils
   # tests, tools and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libucx-dev
-  gnuplot-nox
+  gnuplot-nox valgrind
   # style checks
   clang-format clang-tidy
   # scripts: setpriv (unprivileged lane), ps/pgrep/sysctl, nm/readelf (binutils), realpath
