@@ -4,9 +4,12 @@
 # scripts/test.sh there. Needs root (debootstrap, mount, chroot) and the network to Debian's
 # archive. Everything it mounts is unmounted on exit, whatever happens.
 #
-# usage: sudo scripts/fresh-check.sh [--worktree] [--keep] [--shell] [-- TEST_ARGS...]
+# usage: sudo scripts/fresh-check.sh [--worktree] [--dest DIR] [--keep] [--shell] [-- TEST_ARGS...]
 #   --worktree  copy the work tree's tracked and untracked (not ignored) files instead of a
 #               clone of HEAD (default: a fresh clone of the committed HEAD)
+#   --dest DIR  where the repository goes in the chroot (default /root/mrcache: where root's
+#               `git clone` puts it; /root is mode 0700 there, as on Debian, so tests that run
+#               helpers as another user must not need to reach the build tree)
 #   --keep      keep the chroot (printed at the end) instead of deleting it
 #   --shell     open a shell in the chroot instead of running the test command
 #   TEST_ARGS   passed to scripts/test.sh
@@ -16,10 +19,11 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${MRC_FRESH_CACHE:-/var/tmp/mrcache-fresh}
 mirror=${MRC_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-mode=clone keep=0 shell=0 test_args=()
+mode=clone dest=/root/mrcache keep=0 shell=0 test_args=()
 while (($#)); do
   case $1 in
     --worktree) mode=worktree; shift ;;
+    --dest) dest=${2:?--dest needs a directory}; shift 2 ;;
     --keep) keep=1; shift ;;
     --shell) shell=1; shift ;;
     --) shift; test_args=("$@"); break ;;
@@ -95,8 +99,10 @@ bind "$cache/apt-archives" "$root/var/cache/apt/archives"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 
 # 3. The repository: a clone of HEAD (what CI sees) or the work tree.
-src=$root/src/mrcache
+[[ $dest == /* && $dest != *..* ]] || { echo "fresh-check: --dest must be an absolute path" >&2; exit 2; }
+src=$root$dest
 mkdir -p "$src"
+chmod 700 "$root/root"
 if [[ $mode == clone ]]; then
   log "cloning $(git -C "$repo" rev-parse --short HEAD) into the chroot"
   git clone -q "$repo" "$src"
@@ -110,13 +116,13 @@ fi
 chroot_env=(env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CI="${CI:-}")
 if ((shell)); then
-  "${chroot_env[@]}" chroot "$root" /bin/bash -c 'cd /src/mrcache && exec bash -i' </dev/tty
+  "${chroot_env[@]}" chroot "$root" /bin/bash -c 'cd "$1" && exec bash -i' bash "$dest" </dev/tty
   exit 0
 fi
-log "chroot: cd /src/mrcache && scripts/test.sh ${test_args[*]}"
+log "chroot: cd $dest && scripts/test.sh ${test_args[*]}"
 t0=$SECONDS
 status=0
-"${chroot_env[@]}" chroot "$root" /bin/bash -c 'cd /src/mrcache && exec scripts/test.sh "$@"' \
-  test.sh "${test_args[@]}" </dev/null || status=$?
+"${chroot_env[@]}" chroot "$root" /bin/bash -c 'cd "$1" && shift && exec scripts/test.sh "$@"' \
+  test.sh "$dest" "${test_args[@]}" </dev/null || status=$?
 log "scripts/test.sh in the fresh chroot: status $status after $((SECONDS - t0)) s"
 exit "$status"
