@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -331,11 +332,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   close(release[0]);
   pollfd pfd{ready[0], POLLIN, 0};
   char status = kPeerSetupFailed;
-  if (poll(&pfd, 1, 10000) != 1 || read(ready[0], &status, 1) != 1 || status != 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+  // libFuzzer's -timeout timer (SIGALRM) interrupts the wait: retry then.
+  int polled;
+  do {
+    polled = poll(&pfd, 1, 10000);
+  } while (polled < 0 && errno == EINTR);
+  ssize_t got = -1;
+  if (polled == 1) {
+    do {
+      got = read(ready[0], &status, 1);
+    } while (got < 0 && errno == EINTR);
+  }
+  if (got != 1 || status != 0) {
+    // Why: said by the peer (status), dead before it could say (got 0), or hung (poll timed out).
+    int wstatus = 0;
+    const bool ended = waitpid(pid, &wstatus, WNOHANG) == pid;
+    if (!ended) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
     remove_files(prefix);
-    fuzz::fail("the peer could not create the domain (status %d)", status);
+    fuzz::fail("the peer could not create the domain (status %d, poll %d, read %zd, peer %s %d)",
+               status, polled, got,
+               !ended                 ? "hung, killed"
+               : WIFSIGNALED(wstatus) ? "killed by signal"
+                                      : "exited",
+               !ended                 ? 0
+               : WIFSIGNALED(wstatus) ? WTERMSIG(wstatus)
+                                      : WEXITSTATUS(wstatus));
   }
 
   size_t root_size = 0, seg_size = 0;

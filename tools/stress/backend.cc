@@ -92,6 +92,20 @@ const FrameRecord *Instrumented::frames(void *handle) const {
   return config_.pagemap_fd < 0 ? nullptr : static_cast<const FrameRecord *>(handle);
 }
 
+// Whether this kernel knows MADV_POPULATE_WRITE (5.14 and later): tried once on a page of our
+// own, where only an unknown advice gives EINVAL.
+static bool populate_write_supported() {
+  static const bool supported = [] {
+    void *page =
+        mmap(nullptr, page_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return false;
+    const bool ok = madvise(page, page_size(), MADV_POPULATE_WRITE) == 0;
+    munmap(page, page_size());
+    return ok;
+  }();
+  return supported;
+}
+
 mrc_status_t Instrumented::reg(void *ctx, void *addr, size_t len, unsigned prot, void **handle,
                                uint64_t *key) {
   auto *self = static_cast<Instrumented *>(ctx);
@@ -116,7 +130,10 @@ mrc_status_t Instrumented::reg(void *ctx, void *addr, size_t len, unsigned prot,
     // What pinning would do: fault every page in, writable, so that its frame is the one the
     // application will use (a read fault would map the shared zero page).
     if (madvise(addr, len, MADV_POPULATE_WRITE) != 0) {
-      if (errno != EINVAL) {
+      // EINVAL from a kernel that has MADV_POPULATE_WRITE: memory that is not writable (a range
+      // another thread made PROT_NONE or read-only while the cache registers it). Pinning would
+      // refuse it too; touching it would kill the process.
+      if (errno != EINVAL || populate_write_supported()) {
         mrc_backend_set_error("stress", "MADV_POPULATE_WRITE: %s", strerrordesc_np(errno));
         return MRC_ERR_INVALID;
       }
