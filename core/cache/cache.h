@@ -164,13 +164,16 @@ class Cache {
   bool get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
                 Region **out) noexcept;
   // Parks the caller's reference to region in the line of slot `owner` (the caller's); false
-  // when the caller must release it.
+  // when the caller must release it. True too for a put refused because the caller holds no
+  // reference (holds_reference_to_park; logged by refuse_put).
   bool park(unsigned owner, Region *region) noexcept;
+  static bool holds_reference_to_park(const Region *region, uint64_t parked_here) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   // put() while over_bound_ is set: releases without parking and trims when the region is left
   // unused.
   [[gnu::noinline]] void put_over_bound(Region *region) noexcept;
-  // A put that Region::drop refused (the caller held no reference): logged, nothing changed.
+  // A put refused by Region::drop or park (the caller held no reference): logged, nothing
+  // changed.
   [[gnu::cold, gnu::noinline]] void refuse_put(const Region *region) noexcept;
   // Takes mutex_: evicts back to the bound, then finishes what that released.
   void trim() noexcept;

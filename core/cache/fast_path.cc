@@ -189,11 +189,20 @@ bool Cache::park(unsigned owner, Region *region) noexcept {
   {
     EpochGuard guard;
     if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
+    std::atomic<Region *> *empty = nullptr;
+    uint64_t parked_here = 0;
     for (std::atomic<Region *> &slot : line.parked) {
-      if (slot.load(std::memory_order_relaxed) == nullptr) {
-        slot.store(region, std::memory_order_release);
-        return true;
-      }
+      Region *parked = slot.load(std::memory_order_relaxed);
+      if (parked == nullptr && empty == nullptr) empty = &slot;
+      parked_here += parked == region;
+    }
+    if (__builtin_expect(!holds_reference_to_park(region, parked_here), 0)) {
+      refuse_put(region);
+      return true;  // handled: nothing changed
+    }
+    if (empty != nullptr) {
+      empty->store(region, std::memory_order_release);
+      return true;
     }
     // Full: the CLOCK hand picks a region not taken back since the hand last passed it.
     uint32_t victim = line.hand;
@@ -209,6 +218,19 @@ bool Cache::park(unsigned owner, Region *region) noexcept {
   }
   release(replaced);
   return true;
+}
+
+// A put parks without a locked instruction, so drop()'s check never sees it: a second put of
+// one reference would park a reference no one holds, and a later get would hand it out as a
+// second holder of a single reference. The count holds at least the table's reference, every
+// parked one and the caller's: one fewer is such a put. Only this line's parked references are
+// counted (another line's, for a kAnyOwner region, make the count larger: such a put may go
+// unseen, never a legitimate one refused). The count is read first (acquire): a count that
+// already lost the table's reference (remove_locked's release decrement) shows kInTable clear.
+bool Cache::holds_reference_to_park(const Region *region, uint64_t parked_here) noexcept {
+  const auto count = static_cast<int64_t>(region->refcount.load(std::memory_order_acquire));
+  const uint64_t table = region->has(Region::kInTable) ? 1 : 0;
+  return count >= static_cast<int64_t>(table + parked_here + 1);
 }
 
 bool Cache::verify_pfns(Region *region) noexcept {

@@ -35,7 +35,8 @@
 //    get_fast (no lock) and get_slow (mutex_) add references; put drops them (release), or
 //    parks them once the region is Parkable. A drop that would take the table's own reference
 //    (a count of 1 while kInTable: a second put of one reference) is refused, nothing changed
-//    (Region::drop; put logs it).
+//    (Region::drop; put logs it), and so is a park that would leave fewer references than the
+//    table's, the parked ones and the caller's (Cache::holds_reference_to_park).
 //    -> Parkable: promote (mutex_), after kPromoteAfter consecutive fast-path hits of one
 //       thread (count_streak).
 //    -> Invalidated: remove_locked (mutex_), called by drain_locked (an unmap event),

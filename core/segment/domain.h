@@ -108,6 +108,10 @@ bool inherited(const mrc_seg_domain *domain);
 // registry.cc: mrc_seg_close of a segment this fork() child inherited: unmapped here (back to the
 // inherited reservation), the directory untouched (the parent still has it open).
 void close_inherited(mrc_seg *seg) noexcept;
+// registry.cc, under domain->mu: the last reference to `map` is gone: its range goes back to the
+// reservation (unmapped when the kernel has no VMA for that: a hole in the window is the lesser
+// harm than old pages left mapped), it leaves domain->maps and is freed.
+void unmap_segment_locked(mrc_seg_domain *domain, MappedSegment *map) noexcept;
 
 // files.cc: re-reserves [start, start+len) as PROT_NONE in place of whatever this process mapped
 // there (its own segment): the munmap the cache's monitor sees.

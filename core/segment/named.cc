@@ -467,16 +467,7 @@ mrc_status_t segment_close(mrc_seg *seg) noexcept {
       }
       unlock_domain(d);
     }
-    // Never leave the old pages mapped: without a reservation (the kernel out of VMAs) a hole
-    // in the window is the lesser harm.
-    if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
-    for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
-      if (*link == m) {
-        *link = m->next;
-        break;
-      }
-    }
-    delete m;
+    unmap_segment_locked(d, m);
   }
   d->open_segments--;
   pthread_mutex_unlock(&d->mu);

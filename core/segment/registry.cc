@@ -120,14 +120,12 @@ mrc_status_t open_domain(const mrc_seg_domain_params_t *params, bool observer,
                     "parent: mrc_seg_close them first (until then they stay usable here)",
                     open, r.prefix);
       }
-      {
-        pthread_mutex_lock(&d->mu);
-        d->refs++;
-        pthread_mutex_unlock(&d->mu);
-        pthread_mutex_unlock(&g_registry_mu);
-        *out = d;
-        return MRC_OK;
-      }
+      pthread_mutex_lock(&d->mu);
+      d->refs++;
+      pthread_mutex_unlock(&d->mu);
+      pthread_mutex_unlock(&g_registry_mu);
+      *out = d;
+      return MRC_OK;
     }
   }
   auto *d = new (std::nothrow) mrc_seg_domain;
@@ -218,19 +216,21 @@ void close_inherited(mrc_seg *seg) noexcept {
   mrc_seg_domain *d = seg->domain;
   MappedSegment *m = seg->map;
   pthread_mutex_lock(&d->mu);
-  if (--m->refs == 0) {
-    // Back to the reservation the child inherited; the directory is the parent's business.
-    if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
-    for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
-      if (*link == m) {
-        *link = m->next;
-        break;
-      }
-    }
-    delete m;
-  }
+  // Back to the reservation the child inherited; the directory is the parent's business.
+  if (--m->refs == 0) unmap_segment_locked(d, m);
   d->open_segments--;
   pthread_mutex_unlock(&d->mu);
+}
+
+void unmap_segment_locked(mrc_seg_domain *d, MappedSegment *m) noexcept {
+  if (!reserve_again(m->start, m->va_len)) munmap(m->start, m->va_len);
+  for (MappedSegment **link = &d->maps; *link != nullptr; link = &(*link)->next) {
+    if (*link == m) {
+      *link = m->next;
+      break;
+    }
+  }
+  delete m;
 }
 
 bool usable_here(const mrc_seg_domain *d) noexcept {

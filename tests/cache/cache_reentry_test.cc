@@ -23,6 +23,13 @@
 
 extern "C" void mrc_cache_destroy_v0(mrc_cache_t *cache);
 
+#if defined(__SANITIZE_THREAD__) || defined(MRC_TSAN)
+// Every scenario runs in a child forked from a process with threads (the monitor), and some fork
+// again from inside user code: ThreadSanitizer tolerates that only when told so. The CI's tsan
+// lane runs these tests (label concurrency): locks taken across user code are its subject.
+extern "C" const char *__tsan_default_options() { return "die_after_fork=0"; }
+#endif
+
 namespace {
 
 const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));

@@ -91,6 +91,42 @@ TEST_F(CapiWord, SecondPutOfACachedRegionIsRefused) {
   EXPECT_EQ(backend.deregs.load(), 1u);
 }
 
+// The same misuse on a hot region: its put parks the reference (no locked instruction, so drop()
+// never sees it). A second put used to park a reference no one held; the next two gets then
+// both took one back, two holders of one reference, and the first put after an unmap
+// deregistered the region under the second. Refused and logged now, like the cached case.
+TEST_F(CapiWord, SecondPutOfAParkedReferenceIsRefused) {
+  if (!monitor_caches()) GTEST_SKIP() << "no userfaultfd here: nothing is cached";
+  ASSERT_EQ(create(backend.params("twice-parked")), MRC_OK);
+  char *p = map_pages(4);
+  ASSERT_NE(p, nullptr);
+  mrc_region_t *region = nullptr;
+  for (int i = 0; i < 32; ++i) {  // hot: promoted, its puts park (cache_parking_test.cc)
+    ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region), MRC_OK);
+    mrc_put(cache, region);
+  }
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region), MRC_OK);
+  mrc_put(cache, region);
+  {
+    LogCapture log;
+    mrc_put(cache, region);  // the misuse
+    EXPECT_EQ(log.count(MRC_LOG_ERROR, "refused"), 1u);
+  }
+  mrc_region_t *first = nullptr, *second = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &first), MRC_OK);
+  ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &second), MRC_OK);
+  ASSERT_EQ(first, region);
+  ASSERT_EQ(second, region);
+  munmap(p, 4 * kPage);
+  stats();  // drains the unmap: invalid now, registered while references are held
+  EXPECT_EQ(backend.deregs.load(), 0u);
+  mrc_put(cache, first);
+  EXPECT_EQ(backend.deregs.load(), 0u) << "deregistered while `second` still holds it";
+  mrc_put(cache, second);
+  EXPECT_EQ(backend.deregs.load(), 1u);
+  EXPECT_EQ(stats().regions, 0u);
+}
+
 // A plugin is C: its reg may return any int. Whatever is not an mrc_status_t reaches the caller
 // as MRC_ERR_BACKEND, with the value in mrc_last_error().
 int g_reg_result = 0;

@@ -19,6 +19,18 @@ Invalidation record_for(uint64_t i) {
                       static_cast<InvalidationKind>(i % 3)};
 }
 
+// A few hundred cycles for another thread to look in, without giving the CPU away: a yield per
+// round of a 200,000-round loop hands a busy machine's other tasks a time slice each time.
+void widen_the_window() {
+  for (int i = 0; i < 64; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+  }
+}
+
 struct Queue {
   InvalidationQueue q;
   explicit Queue(size_t capacity) { EXPECT_EQ(q.allocate(capacity), MRC_OK); }
@@ -97,20 +109,26 @@ TEST(InvalidationQueue, PendingCoversTheWindowBetweenReleaseAndPublish) {
   std::atomic<bool> done{false};
   std::atomic<uint64_t> violations{0};
   std::atomic<uint64_t> checks{0};
+  constexpr std::chrono::steady_clock::duration kWaitBudget = std::chrono::seconds(2);
+  std::chrono::steady_clock::duration waited{};
   std::thread producer([&] {
     for (uint64_t i = 0; i < rounds; ++i) {
       queue.q.begin_batch();
       released.store(i + 1, std::memory_order_seq_cst);  // read() returned: unmapper released
-      std::this_thread::yield();
+      widen_the_window();
       queue.q.append(record_for(i));
       queue.q.end_batch();
-      if (i % 64 == 0) {
-        // Now and then, leave pending lowered until the observer has looked (bounded wait).
+      if (i % 64 == 0 && waited < kWaitBudget) {
+        // Now and then, leave pending lowered until the observer has looked. The waits share
+        // one budget: on a machine busy enough that the observer rarely runs, 3,000 waits of a
+        // time slice each would otherwise outlast ctest's timeout (they did in CI).
         const uint64_t seen = checks.load();
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-        while (checks.load() == seen && std::chrono::steady_clock::now() < until) {
+        const auto from = std::chrono::steady_clock::now();
+        while (checks.load() == seen && waited + (std::chrono::steady_clock::now() - from) <
+                                            kWaitBudget) {
           std::this_thread::yield();
         }
+        waited += std::chrono::steady_clock::now() - from;
       }
     }
     done.store(true);
@@ -163,7 +181,7 @@ TEST(InvalidationQueue, ManyReadersNeverSeeATornRecord) {
       const uint64_t n = std::min(batch, total - i);
       queue.publish(i, n);
       i += n;
-      if (i % 16 < 7) std::this_thread::yield();  // let readers keep up, sometimes
+      if (i % 16 < 7) widen_the_window();  // let readers keep up, sometimes
     }
     done.store(true, std::memory_order_release);
   });
@@ -179,6 +197,7 @@ TEST(InvalidationQueue, ManyReadersNeverSeeATornRecord) {
         const bool finished = done.load(std::memory_order_acquire);
         queue.q.wait_until_idle();
         const uint64_t head = queue.q.head();
+        const bool nothing_new = cursor >= head;
         for (; cursor < head; ++cursor) {
           Invalidation r;
           if (!queue.q.read(cursor, &r)) {
@@ -193,7 +212,9 @@ TEST(InvalidationQueue, ManyReadersNeverSeeATornRecord) {
           accepted.fetch_add(1, std::memory_order_relaxed);
         }
         if (finished && cursor >= queue.q.head()) break;
-        if (t == 0) std::this_thread::yield();  // one slow reader gets lapped more often
+        // One slow reader gets lapped more often; the others give the producer the CPU only
+        // when it is behind them (three spinning readers starve it on two cores).
+        if (t == 0 || nothing_new) std::this_thread::yield();
       }
     });
   }
