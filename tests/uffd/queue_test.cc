@@ -124,8 +124,8 @@ TEST(InvalidationQueue, PendingCoversTheWindowBetweenReleaseAndPublish) {
         // time slice each would otherwise outlast ctest's timeout (they did in CI).
         const uint64_t seen = checks.load();
         const auto from = std::chrono::steady_clock::now();
-        while (checks.load() == seen && waited + (std::chrono::steady_clock::now() - from) <
-                                            kWaitBudget) {
+        while (checks.load() == seen &&
+               waited + (std::chrono::steady_clock::now() - from) < kWaitBudget) {
           std::this_thread::yield();
         }
         waited += std::chrono::steady_clock::now() - from;
