@@ -35,6 +35,14 @@
 //   back from reg that need mutex_ are refused (Lock::acquire, get_slow). dereg and invalidate
 //   callbacks run inside an Inside::Callback frame, destroy inside Inside::Destroy: destroy from
 //   them, and a get from destroy's callbacks, are refused.
+// - Fork while another thread runs reg. reg_state_ is kRegRunning while the mutex_ holder is
+//   inside the backend's reg (call_reg), when it touches no cache state. The fork prepare handler
+//   does not wait for such a mutex_ (reg may fork, or create a cache, and wait for this fork):
+//   it CASes kRegRunning to kRegForking and copies the cache as it is; call_reg, when reg
+//   returns, CASes kRegRunning back to kRegIdle and waits (futex) while it finds kRegForking,
+//   which the parent's handler ends. The child re-creates the mutex its missing holder left
+//   locked (fork_registry.cc). reg_state_: seq_cst; written by the mutex_ holder and the
+//   handlers of a fork.
 // - The unmap window. The kernel queues an UNMAP event only after the VMA is gone, so for a few
 //   microseconds another thread can map new memory at that address while the old region is
 //   still in the table (and its range still counts as watched). In exact mode (the default)
@@ -126,6 +134,9 @@ class Cache {
 
   // Forgets every cached region; with deregister=false the backend is not called (fork child).
   [[nodiscard]] mrc_status_t purge(bool deregister) noexcept;
+  // MRC_FLAG_PURGE_ON_FORK, from the fork prepare handler: purges unless a thread runs reg
+  // (waiting for it could wait for this fork).
+  void purge_before_fork() noexcept;
 
   const char *name() const noexcept { return name_; }
 
@@ -148,9 +159,12 @@ class Cache {
     Lock(const Lock &) = delete;
     Lock &operator=(const Lock &) = delete;
     [[nodiscard]] bool acquire(bool wait = false) noexcept;
+    // For the fork prepare handler: waits for mutex_ unless its holder runs reg (false).
+    [[nodiscard]] bool acquire_unless_reg_runs() noexcept;
     void release() noexcept;
 
    private:
+    void enter() noexcept;
     Cache &cache_;
     InsideFrame frame_{};
     bool held_ = false;
@@ -178,6 +192,12 @@ class Cache {
   // Takes mutex_: evicts back to the bound, then finishes what that released.
   void trim() noexcept;
   void promote(Region *region) noexcept;
+  // The backend's reg, under mutex_, with reg_state_ kRegRunning around it (SYNCHRONIZATION).
+  mrc_status_t call_reg(uintptr_t start, uintptr_t end, unsigned prot, void **handle,
+                        uint64_t *key) noexcept;
+  // The fork prepare handler's take of mutex_: true once taken, false when its holder runs reg
+  // (reg_state_ is kRegForking then).
+  bool lock_or_skip_for_fork() noexcept;
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                         uffd::Subscription::Unmaps unmaps, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
@@ -299,6 +319,12 @@ class Cache {
   // Set by the fork prepare handler when the forking thread holds mutex_ (a fork inside reg):
   // the handlers then neither take nor release it. CacheRegistry::mutex().
   bool fork_held_ = false;
+  // Set by the fork prepare handler when another thread holding mutex_ runs reg (reg_state_ is
+  // then kRegForking, see SYNCHRONIZATION): the parent's handler lets that thread go on, the
+  // child's re-creates mutex_. CacheRegistry::mutex().
+  bool fork_skipped_ = false;
+  static constexpr uint32_t kRegIdle = 0, kRegRunning = 1, kRegForking = 2;
+  std::atomic<uint32_t> reg_state_{kRegIdle};
   friend struct CacheRegistry;
 };
 

@@ -6,14 +6,16 @@
 #include <pthread.h>
 
 #include <cstddef>
+#include <new>
 
+#include "base/futex.h"
 #include "core/cache/cache.h"
 #include "core/cache/reentry.h"
 
 namespace mrc {
 
-std::mutex &CacheRegistry::mutex() {
-  static std::mutex m;
+std::recursive_mutex &CacheRegistry::mutex() {
+  static std::recursive_mutex m;
   return m;
 }
 
@@ -40,35 +42,44 @@ void CacheRegistry::remove(Cache *cache) {
   }
 }
 
-// A fork from inside a reg (the forking thread holds that cache's mutex_, reentry.h) leaves that
-// mutex alone: the thread that holds it goes on in both processes and releases it when its get
-// ends, and purging that cache would need it. Purges come before any cache mutex is taken: they
-// run deregistrations, which may call any cache.
+// Purges first, before any cache mutex is taken: they run deregistrations, which may call any
+// cache, create or destroy one (mutex() is recursive for that), or fork. Then every cache's
+// mutex_, but two kinds: the one the forking thread holds (a fork from inside its reg: that
+// thread goes on in both processes and releases it when its get ends), and one whose holder
+// runs reg on another thread (a reg that forks too, or creates a cache, would wait for this
+// fork: the cache is copied as it is while its reg runs, see cache.h).
 void CacheRegistry::prepare() {
   mutex().lock();
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    cache->fork_held_ = inside(cache, Inside::Lock);
-    // Best effort: refused only where waiting could deadlock (Cache::Lock::acquire).
-    if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0 && !cache->fork_held_) {
-      (void)cache->purge(true);
+    if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0 && !inside(cache, Inside::Lock)) {
+      cache->purge_before_fork();  // best effort: not while a reg runs
     }
   }
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    if (!cache->fork_held_) cache->mutex_.lock();
+    cache->fork_held_ = inside(cache, Inside::Lock);
+    cache->fork_skipped_ = !cache->fork_held_ && !cache->lock_or_skip_for_fork();
   }
 }
 
 void CacheRegistry::after() {
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    if (!cache->fork_held_) cache->mutex_.unlock();
+    if (cache->fork_skipped_) {
+      cache->reg_state_.store(Cache::kRegRunning, std::memory_order_seq_cst);
+      os::futex_wake_all(&cache->reg_state_);
+    } else if (!cache->fork_held_) {
+      cache->mutex_.unlock();
+    }
     cache->fork_held_ = false;
+    cache->fork_skipped_ = false;
   }
   mutex().unlock();
 }
 
 // The parent owns every registration the child inherited: mark them all before any child
 // thread can put one (this handler runs while the child has a single thread). The table is
-// emptied at the child's first drain (DrainResult::Forked).
+// emptied at the child's first drain (DrainResult::Forked). A cache whose reg ran on another
+// thread gets a new, unlocked mutex_ (its holder does not exist here); the region that reg was
+// for was on no list yet, and stays unused.
 void CacheRegistry::after_in_child() {
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
     for (Region *region = cache->live_head_; region != nullptr; region = region->live_next) {
@@ -77,8 +88,17 @@ void CacheRegistry::after_in_child() {
     for (size_t i = 0; i < cache->retiring_count_; ++i) {
       cache->retiring_[i]->change_flags(Region::kForgotten);  // their watches were the parent's
     }
+    if (cache->fork_skipped_) {
+      new (&cache->mutex_) std::mutex();
+      cache->reg_state_.store(Cache::kRegIdle, std::memory_order_relaxed);
+    } else if (!cache->fork_held_) {
+      cache->mutex_.unlock();
+    }
+    cache->fork_held_ = false;
+    cache->fork_skipped_ = false;
   }
-  after();
+  // A recursive mutex checks its owner's thread id at unlock, and this thread has a new one.
+  new (&mutex()) std::recursive_mutex();
 }
 
 }  // namespace mrc

@@ -218,6 +218,17 @@ mrc_status_t Cache::purge(bool deregister) noexcept {
   return MRC_OK;
 }
 
+void Cache::purge_before_fork() noexcept {
+  Region *deferred = nullptr;
+  {
+    Lock lock(*this);
+    if (!lock.acquire_unless_reg_runs()) return;
+    purge_locked(/*deregister=*/true);
+    deferred = take_deferred_locked();
+  }
+  finish_all(deferred);
+}
+
 mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
                                     unsigned prot, bool cacheable, bool *evicted,
                                     Region **out) noexcept {
@@ -276,8 +287,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
                  uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
   void *handle = nullptr;
   uint64_t key = 0;
-  mrc_status_t status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(merged_start),
-                                     merged_end - merged_start, merged_prot, &handle, &key);
+  mrc_status_t status = call_reg(merged_start, merged_end, merged_prot, &handle, &key);
   if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
     // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left
     // the table; the caller deregisters it after the lock and tries once more.
@@ -296,8 +306,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     merged_end = end;
     merged_prot = prot;
     watched = uffd::watch(start, end - start) == uffd::WatchResult::Watched;
-    status = backend_.reg(backend_ctx_, reinterpret_cast<void *>(start), end - start, prot, &handle,
-                          &key);
+    status = call_reg(start, end, prot, &handle, &key);
   }
 
   region->start = merged_start;

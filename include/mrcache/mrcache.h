@@ -75,7 +75,8 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * same address, which a NIC then reads and writes.
  *
  * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork
- * (except for a fork from inside this cache's backend reg, which holds the lock a purge needs).
+ * (except while a reg of this cache runs: it holds the lock a purge needs). The deregistrations
+ * run in the fork's prepare handler, on the forking thread; they may call any mrc_* function.
  * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration. */
 enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNMAPS = 4 };
 
@@ -101,8 +102,9 @@ enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNM
  *           mrc_cache_destroy); a get that hits and mrc_put work (a region a put ends is
  *           deregistered after the lock). Calls on another cache work, but return MRC_ERR_BUSY
  *           when that cache's lock is held at that moment (two regs, each calling the other's
- *           cache, would otherwise wait for each other). reg may fork: the child goes on as any
- *           fork child (its caches forget what they inherited).
+ *           cache, would otherwise wait for each other). reg may fork, create and destroy
+ *           caches, also while other threads run regs or fork: the child goes on as any fork
+ *           child (its caches forget what they inherited).
  * dereg:    release a handle returned by reg. Runs on any thread except the monitor's, never
  *           under a cache lock: it may call any mrc_* function but mrc_cache_destroy of its own
  *           cache (MRC_ERR_BUSY), and may munmap its own memory.

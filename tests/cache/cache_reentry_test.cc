@@ -321,6 +321,130 @@ TEST(CacheReentry, ForkFromLogHandlerDoesNotDeadlock) {
             0);
 }
 
+// ---- fork while another thread runs reg ---------------------------------------------------
+// The fork handlers used to wait for every cache mutex: a reg (which runs under its cache's)
+// that forked too, or created a cache, waited for that fork in turn.
+
+mrc_cache_t *g_pair[2] = {nullptr, nullptr};
+thread_local int t_side = 0;  // which of g_pair this thread's gets use
+std::atomic<int> g_regs_running{0};
+std::atomic<int> g_fork_status[2] = {-1, -1};
+
+// Waits (bounded) until `flag` reaches `value`.
+void wait_for(const std::atomic<int> &flag, int value) {
+  for (int i = 0; i < 5000 && flag.load() < value; ++i) usleep(1000);
+}
+
+// In the grandchild: the cache whose mutex another thread held across its reg at the fork works.
+int get_in_grandchild(mrc_cache_t *cache) {
+  alarm(kAlarmSeconds);  // alarms do not cross fork()
+  char *fresh = map_pages(2);
+  mrc_region_t *region = nullptr;
+  CHILD_CHECK(mrc_get(cache, fresh, kPage, MRC_PROT_READ, &region) == MRC_OK);
+  mrc_put(cache, region);
+  return 0;
+}
+
+TEST(CacheReentry, TwoThreadsForkingFromRegsOfTwoCachesDoNotWaitForEachOther) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  EXPECT_EQ(in_child([] {
+              g_pair[0] = create_cache();
+              g_pair[1] = create_cache();
+              CHILD_CHECK(g_pair[0] != nullptr && g_pair[1] != nullptr);
+              g_reg_hook = [](void *, size_t) {
+                // The first reg of each thread (not the grandchild's): both run, then both fork.
+                if (g_regs_running.fetch_add(1) >= 2) return MRC_OK;
+                wait_for(g_regs_running, 2);
+                const pid_t pid = fork();
+                if (pid == 0) _exit(get_in_grandchild(g_pair[1 - t_side]));
+                g_fork_status[t_side] = wait_child(pid);
+                return MRC_OK;
+              };
+              auto get_and_put = [](int side) {
+                t_side = side;
+                char *a = map_pages(2);
+                mrc_region_t *region = nullptr;
+                CHILD_CHECK(mrc_get(g_pair[side], a, kPage, MRC_PROT_READ, &region) == MRC_OK);
+                mrc_put(g_pair[side], region);
+              };
+              std::thread other(get_and_put, 1);
+              get_and_put(0);
+              other.join();
+              CHILD_CHECK(g_fork_status[0].load() == 0);
+              CHILD_CHECK(g_fork_status[1].load() == 0);
+              CHILD_CHECK(mrc_cache_destroy(g_pair[0]) == MRC_OK);
+              CHILD_CHECK(mrc_cache_destroy(g_pair[1]) == MRC_OK);
+              CHILD_CHECK(g_live.load() == 0);
+              return 0;
+            }),
+            0);
+}
+
+std::atomic<int> g_forking{0};
+
+TEST(CacheReentry, RegCreatingACacheWhileAnotherThreadForksDoesNotDeadlock) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  EXPECT_EQ(in_child([] {
+              g_cache = create_cache();
+              CHILD_CHECK(g_cache != nullptr);
+              // In the grandchild too: its get's reg creates a cache (the list of caches is
+              // unlocked there, though its fork handler's thread has a new id).
+              g_reg_hook = [](void *, size_t) {
+                ++g_regs_running;
+                wait_for(g_forking, 1);
+                usleep(100 * 1000);  // the fork's handlers run meanwhile
+                mrc_cache_t *extra = create_cache();
+                CHILD_CHECK(extra != nullptr);
+                CHILD_CHECK(mrc_cache_destroy(extra) == MRC_OK);
+                return MRC_OK;
+              };
+              std::thread registering([] {
+                char *a = map_pages(2);
+                mrc_region_t *region = nullptr;
+                CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_OK);
+                mrc_put(g_cache, region);
+              });
+              wait_for(g_regs_running, 1);
+              g_forking = 1;
+              const pid_t pid = fork();
+              if (pid == 0) _exit(get_in_grandchild(g_cache));
+              CHILD_CHECK(wait_child(pid) == 0);
+              registering.join();
+              CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
+              CHILD_CHECK(g_live.load() == 0);
+              return 0;
+            }),
+            0);
+}
+
+// MRC_FLAG_PURGE_ON_FORK deregisters in the fork's prepare handler: that dereg may create and
+// destroy a cache (the list of caches the handler walks is locked meanwhile).
+TEST(CacheReentry, PurgeOnForkDeregThatCreatesACacheDoesNotDeadlock) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
+  EXPECT_EQ(in_child([] {
+              g_cache = create_cache(0, MRC_FLAG_PURGE_ON_FORK);
+              CHILD_CHECK(g_cache != nullptr);
+              char *a = map_pages(2);
+              mrc_region_t *region = nullptr;
+              CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_OK);
+              mrc_put(g_cache, region);
+              g_dereg_hook = [] {
+                mrc_cache_t *extra = create_cache();
+                CHILD_CHECK(extra != nullptr);
+                CHILD_CHECK(mrc_cache_destroy(extra) == MRC_OK);
+                ++g_forks;
+              };
+              const pid_t pid = fork();
+              if (pid == 0) _exit(0);
+              CHILD_CHECK(wait_child(pid) == 0);
+              CHILD_CHECK(g_forks.load() == 1);  // the dereg ran, before the fork
+              CHILD_CHECK(g_live.load() == 0);
+              CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
+              return 0;
+            }),
+            0);
+}
+
 // ---- dereg and log handlers call back ------------------------------------------------------
 
 // Out of registration resources, a get evicts the unused regions and retries: their dereg runs
