@@ -7,8 +7,8 @@
 #include <mutex>
 
 #include "base/check.h"
-#include "base/futex.h"
 #include "base/error.h"
+#include "base/futex.h"
 #include "core/cache/cache.h"
 #include "core/cache/log.h"
 
