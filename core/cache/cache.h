@@ -49,9 +49,10 @@
 //   get() closes it: it probes the kernel's count of changes in flight (one ioctl) before the
 //   fast path's quiescent() or the slow path's drain, and a get that finds one in flight waits
 //   for it outside mutex_ (or, past a bounded wait, registers the request uncached). With
-//   MRC_FLAG_ORDERED_UNMAPS there is no probe, and only gets ordered after the unmap returned
-//   are exact: the unmapping thread returns only after the monitor read the event, so such a
-//   get sees the record published or `pending` raised (docs/DESIGN.md).
+//   MRC_FLAG_ORDERED_UNMAPS only a miss probes (before it watches and registers), and only gets
+//   ordered after the unmap returned are exact: the unmapping thread returns only after the
+//   monitor read the event, so such a get sees the record published or `pending` raised
+//   (docs/DESIGN.md, "Fast mode").
 // - Parked references (the hit path without a locked instruction). A region marked kParkable has
 //   one owner, a thread slot, in the same flags word (so one load reads both). The owner's put
 //   keeps the reference in its ParkingLine instead of decrementing the count; its next get of

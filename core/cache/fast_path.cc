@@ -67,7 +67,12 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
       get_fast(address, request_end, align - 1, prot, out)) {
     return MRC_OK;
   }
-  return get_slow(start, end, align - 1, prot, unmaps, out);
+  // Fast mode probes too before a miss registers: its watch must not count on a watch entry an
+  // unmap in flight is about to cut. The new mapping there would then never be registered with
+  // the userfaultfd, and even unmaps that happen-before later gets would go unseen until that
+  // unmap's event arrived (docs/DESIGN.md, "Fast mode").
+  return get_slow(start, end, align - 1, prot, exact_ ? unmaps : subscription_->probe_unmaps(),
+                  out);
 }
 
 bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,

@@ -67,12 +67,14 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  *  kernel, with one ioctl (about two getpid calls), whether such an event is still unread, and
  * if so waits for it (a monitor round trip).
  *
- * MRC_FLAG_ORDERED_UNMAPS (MRC_ORDERED_UNMAPS=1), "fast mode", skips that ioctl. Its gets are
- * exact only for unmaps that happen-before the get: the unmapping thread returned from munmap
- * before the getting thread started its get, and the two synchronised (a lock, a join, a
- * message). That holds in processes where no thread maps memory while another unmaps it; where
- * it does not hold, a get may return the previous owner's registration for new memory at the
- * same address, which a NIC then reads and writes.
+ * MRC_FLAG_ORDERED_UNMAPS (MRC_ORDERED_UNMAPS=1), "fast mode", skips that ioctl on hits (a get
+ * that misses still makes it before it registers). Its gets are exact only for unmaps that
+ * happen-before the get: the unmapping thread returned from munmap before the getting thread
+ * started its get, and the two synchronised (a lock, a join, a message). That holds in
+ * processes where no thread maps memory while another unmaps it; where it does not hold, a get
+ * that hits while another thread's unmap of the address is still in flight may return the
+ * previous owner's registration for new memory at the same address, which a NIC then reads and
+ * writes.
  *
  * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork
  * (except while a reg of this cache runs: it holds the lock a purge needs). The deregistrations

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,72 @@ TEST_F(CacheUnmapInFlight, InFastModeAGetInsideTheUnmapReturnsTheOldRegistration
   EXPECT_NE(json().find("\"exact\":false,\"unmap_waits\":0,\"unmap_waits_outlasted\":0,"),
             std::string::npos)
       << json();
+}
+
+// Found by the soak: in fast mode, a miss inside another thread's unmap of the address watched the
+// new memory on the watch entry that unmap was about to cut, so the new mapping was never
+// registered with the userfaultfd, and the getting thread's own later unmap of it (which
+// happens-before its next get) went unseen: that get returned a registration of freed memory.
+// A miss probes in fast mode too now: inside the unmap it registers uncached.
+TEST_F(CacheUnmapInFlight, InFastModeAMissInsideAnUnmapIsNotServedAfterTheGettersOwnUnmap) {
+  if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  mrc_cache_params_t params = backend.params("miss-in-flight");
+  params.flags |= MRC_FLAG_ORDERED_UNMAPS;
+  ASSERT_EQ(create(params), MRC_OK);
+  const size_t length = 4 * kPage;
+  char *guarded = static_cast<char *>(
+      mmap(nullptr, length + 2 * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(guarded, MAP_FAILED);
+  char *p = guarded + kPage;
+  ASSERT_EQ(mprotect(p, length, PROT_READ | PROT_WRITE), 0);
+  mrc_region_t *region = nullptr;
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);  // watches all 4 pages
+  mrc_put(cache, region);
+
+  std::atomic<bool> go{false};
+  std::thread unmapper([&go, p, length] {
+    while (!go.load()) std::this_thread::yield();
+    munmap(p, length);  // waits for the paused monitor
+  });
+  mrc::uffd::testing::pause_monitor(true);
+  struct Resume {
+    ~Resume() { mrc::uffd::testing::pause_monitor(false); }
+  } resume;
+  go = true;
+  auto map_again = [p, length] {
+    void *again = MAP_FAILED;
+    for (int i = 0; i < 25000 && again == MAP_FAILED; ++i) {  // until the range is free
+      again = mmap(p, length, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (again == MAP_FAILED) usleep(200);
+    }
+    if (again == p) std::memset(p, 0x5a, length);
+    return again == p;
+  };
+  // No ASSERT until the unmapper is joined.
+  std::string failed;
+  uint64_t keys[2] = {0, 0};
+  if (!map_again()) failed = "the unmapped range was not free within 5 s";
+  for (uint64_t &key : keys) {
+    if (!failed.empty()) break;
+    // A miss (the old region covers the first page only), inside the unmap.
+    if (mrc_get(cache, p + 2 * kPage, kPage, MRC_PROT_READ, &region) != MRC_OK) {
+      failed = std::string("mrc_get: ") + mrc_last_error();
+      break;
+    }
+    key = mrc_region_key(region);
+    mrc_put(cache, region);
+    // Then this thread's own unmap and new memory: ordered before the next get.
+    if (&key == &keys[0] && (munmap(p, length) != 0 || !map_again())) failed = "remapping failed";
+  }
+  mrc::uffd::testing::pause_monitor(false);
+  unmapper.join();
+  ASSERT_EQ(failed, "");
+  const uint64_t first_key = keys[0];
+  const uint64_t second_key = keys[1];
+  EXPECT_NE(second_key, first_key)
+      << "a get returned the registration of memory this thread had unmapped before it";
+  munmap(guarded, length + 2 * kPage);
 }
 
 TEST_F(CacheUnmapInFlight, FastModeIsExactForUnmapsThatReturnedBeforeTheGet) {

@@ -4,8 +4,8 @@
 //
 // Naming: BM_Cache<Workload>/<mode>/... is ours, BM_UcxRcache<Workload>/... is UCX's;
 // scripts/bench.sh pairs them by <Workload> and prints ours/UCX. <mode> is the cache's: exact
-// (the default: one mmap_changing probe per get) or fast (MRC_FLAG_ORDERED_UNMAPS, no probe);
-// UCX has one mode only, so both of ours pair with the same UCX figure.
+// (the default: one mmap_changing probe per get) or fast (MRC_FLAG_ORDERED_UNMAPS: a probe per
+// miss only); UCX has one mode only, so both of ours pair with the same UCX figure.
 //
 // The syscall floor the probe is judged against, in the same run: BM_SyscallGetpid (a raw
 // syscall, which glibc cannot answer from a cache) and BM_UffdProbe (the probe's ioctl alone, on

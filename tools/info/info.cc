@@ -96,7 +96,7 @@ std::vector<Variable> configuration(std::string *problem) {
                   (params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0
                       ? "fast mode: exact only for unmaps that happen-before the get"
                       : "exact mode: every get probes for unmaps in flight (one ioctl)",
-                  "1 skips the probe: only for processes where no thread maps memory while "
+                  "1 skips the probe on hits: only for processes where no thread maps memory while "
                   "another unmaps it"});
   // A malformed value is never shown as if it took effect: the library refuses it (the ERROR
   // line below gives mrc_cache_params_init_checked's text).

@@ -108,8 +108,10 @@ std::string Pool::in_flight(uintptr_t start, size_t len, uint64_t since_ns) cons
       return buf;
     }
   }
-  // The most recent entries (appended in about the order they finished).
-  const uint64_t first = log_total_ > 256 ? log_total_ - 256 : 0;
+  // Every entry the log still holds (appended in about the order they finished): a get and its
+  // check may take milliseconds on a busy machine while thousands of mutations finish, and an
+  // unmap that finished after the get began is missed once it falls out of the ring.
+  const uint64_t first = log_total_ > kLogSize ? log_total_ - kLogSize : 0;
   for (uint64_t i = log_total_; i > first; --i) {
     const Mutation &m = log_[(i - 1) % kLogSize];
     if (m.time_ns < since_ns) continue;

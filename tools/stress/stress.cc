@@ -1107,7 +1107,7 @@ int run_main(int argc, char **argv) {
                     " in-window hit(s), on addresses another thread was still unmapping when "
                     "the get began: the kernel hands an address to a new mapping before "
                     "userfaultfd reports its unmap, and fast mode (MRC_FLAG_ORDERED_UNMAPS) "
-                    "skips the probe that would wait for it, so a thread that maps memory freed "
+                    "skips, on hits, the probe that would wait for it, so a thread that maps memory freed "
                     "by another thread at that moment can get the old registration. What fast "
                     "mode gives up; not counted as stale (--strict-unmap-window counts them, "
                     "exact mode closes the window)");
