@@ -1103,14 +1103,15 @@ int run_main(int argc, char **argv) {
                     "kernel for unmaps in flight and waits for them), so the cache failed; the "
                     "reports' window lines name the unmap");
   } else if (summary.totals.stale_window != 0 && !run.window_counted) {
-    notes.push_back(in_window +
-                    " in-window hit(s), on addresses another thread was still unmapping when "
-                    "the get began: the kernel hands an address to a new mapping before "
-                    "userfaultfd reports its unmap, and fast mode (MRC_FLAG_ORDERED_UNMAPS) "
-                    "skips, on hits, the probe that would wait for it, so a thread that maps memory freed "
-                    "by another thread at that moment can get the old registration. What fast "
-                    "mode gives up; not counted as stale (--strict-unmap-window counts them, "
-                    "exact mode closes the window)");
+    notes.push_back(
+        in_window +
+        " in-window hit(s), on addresses another thread was still unmapping when "
+        "the get began: the kernel hands an address to a new mapping before "
+        "userfaultfd reports its unmap, and fast mode (MRC_FLAG_ORDERED_UNMAPS) "
+        "skips, on hits, the probe that would wait for it, so a thread that maps memory freed "
+        "by another thread at that moment can get the old registration. What fast "
+        "mode gives up; not counted as stale (--strict-unmap-window counts them, "
+        "exact mode closes the window)");
   } else if (run.fast && opt.churn == 0) {
     notes.push_back(
         "fast mode without churn threads (--churn 0): the unmap window is rarely "
