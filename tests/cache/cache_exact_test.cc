@@ -117,61 +117,75 @@ INSTANTIATE_TEST_SUITE_P(Threads, CacheExactChurn, ::testing::Values(2U, 4U, 8U)
 // new memory at the address the unmap freed and gets it.
 class CacheUnmapInFlight : public CacheFixture {
  protected:
+  static constexpr size_t kPages = 4;
+  void TearDown() override {
+    end_unmap();
+    if (guarded_ != nullptr) munmap(guarded_, (kPages + 2) * kPage);
+    CacheFixture::TearDown();
+  }
+  // kPages pages of their own mapping: guard pages of another protection keep the kernel from
+  // merging it with a neighbour (watching registers whole mappings, and nothing else may wait
+  // for the paused monitor: a sanitizer's own memory next door, say).
+  char *map_guarded() {
+    void *guarded =
+        mmap(nullptr, (kPages + 2) * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (guarded == MAP_FAILED) return nullptr;
+    guarded_ = static_cast<char *>(guarded);
+    char *p = guarded_ + kPage;
+    return mprotect(p, kPages * kPage, PROT_READ | PROT_WRITE) == 0 ? p : nullptr;
+  }
+  // Another thread unmaps [p, +kPages) and stays in munmap until end_unmap(); true once the range
+  // is mapped again here (new memory), false when it was not free within 5 s.
+  bool unmap_in_flight_and_map_again(char *p) {
+    // The unmapping thread exists before the monitor pauses: starting a thread maps memory.
+    unmapper_ = std::thread([this, p] {
+      while (!go_.load()) std::this_thread::yield();
+      munmap(p, kPages * kPage);  // waits for the paused monitor
+    });
+    mrc::uffd::testing::pause_monitor(true);
+    go_ = true;
+    return map_again(p);
+  }
+  static bool map_again(char *p) {
+    void *again = MAP_FAILED;
+    for (int i = 0; i < 25000 && again == MAP_FAILED; ++i) {  // until the VMA is gone
+      again = mmap(p, kPages * kPage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (again == MAP_FAILED) usleep(200);
+    }
+    return again == p;
+  }
+  void end_unmap() {
+    mrc::uffd::testing::pause_monitor(false);
+    if (unmapper_.joinable()) unmapper_.join();
+  }
   // Returns the key the get of the new memory answered, and the key of the old registration.
   void get_inside_an_unmap(unsigned flags, uint64_t *old_key, uint64_t *new_key) {
     mrc_cache_params_t params = backend.params("in-flight");
     params.flags = (params.flags & ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS)) | flags;
     ASSERT_EQ(create(params), MRC_OK);
-    // Guard pages of another protection keep the kernel from merging the mapping with a
-    // neighbour: watching registers whole mappings, and nothing else may wait for the paused
-    // monitor (a sanitizer's own memory next door, say).
-    const size_t length = 4 * kPage;
-    char *guarded = static_cast<char *>(
-        mmap(nullptr, length + 2 * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    ASSERT_NE(guarded, MAP_FAILED);
-    char *p = guarded + kPage;
-    ASSERT_EQ(mprotect(p, length, PROT_READ | PROT_WRITE), 0);
+    char *p = map_guarded();
+    ASSERT_NE(p, nullptr);
     mrc_region_t *region = nullptr;
-    ASSERT_EQ(mrc_get(cache, p, length, MRC_PROT_READ, &region), MRC_OK);
+    ASSERT_EQ(mrc_get(cache, p, kPages * kPage, MRC_PROT_READ, &region), MRC_OK);
     *old_key = mrc_region_key(region);
     mrc_put(cache, region);
-
-    // The unmapping thread exists before the monitor pauses: starting a thread maps memory.
-    std::atomic<bool> go{false};
-    std::thread unmapper([&go, p, length] {
-      while (!go.load()) std::this_thread::yield();
-      munmap(p, length);  // waits for the paused monitor
-    });
-    mrc::uffd::testing::pause_monitor(true);
-    struct Resume {
-      ~Resume() { mrc::uffd::testing::pause_monitor(false); }
-    } resume;
-    go = true;
-    void *again = MAP_FAILED;
-    for (int i = 0; i < 25000 && again == MAP_FAILED; ++i) {  // until the VMA is gone
-      again = mmap(p, length, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-      if (again == MAP_FAILED) usleep(200);
-    }
-    if (again != p) {
-      mrc::uffd::testing::pause_monitor(false);
-      unmapper.join();
-      FAIL() << "the unmapped range was not free within 5 s";
-    }
-    region = nullptr;
-    const mrc_status_t status = mrc_get(cache, p, length, MRC_PROT_READ, &region);
-    mrc::uffd::testing::pause_monitor(false);
-    unmapper.join();
-    ASSERT_EQ(status, MRC_OK);
+    ASSERT_TRUE(unmap_in_flight_and_map_again(p)) << "the unmapped range was not free within 5 s";
+    ASSERT_EQ(mrc_get(cache, p, kPages * kPage, MRC_PROT_READ, &region), MRC_OK);
+    end_unmap();
     *new_key = mrc_region_key(region);
     mrc_put(cache, region);
-    munmap(guarded, length + 2 * kPage);
   }
   std::string json() {
     char text[2048];
     EXPECT_GT(mrc_cache_stats_json(cache, text, sizeof text), 0);
     return text;
   }
+
+ private:
+  char *guarded_ = nullptr;
+  std::atomic<bool> go_{false};
+  std::thread unmapper_;
 };
 
 TEST_F(CacheUnmapInFlight, AnExactGetNeverReturnsTheUnmappedRegistration) {
@@ -213,60 +227,28 @@ TEST_F(CacheUnmapInFlight, InFastModeAMissInsideAnUnmapIsNotServedAfterTheGetter
   mrc_cache_params_t params = backend.params("miss-in-flight");
   params.flags |= MRC_FLAG_ORDERED_UNMAPS;
   ASSERT_EQ(create(params), MRC_OK);
-  const size_t length = 4 * kPage;
-  char *guarded = static_cast<char *>(
-      mmap(nullptr, length + 2 * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(guarded, MAP_FAILED);
-  char *p = guarded + kPage;
-  ASSERT_EQ(mprotect(p, length, PROT_READ | PROT_WRITE), 0);
+  char *p = map_guarded();
+  ASSERT_NE(p, nullptr);
   mrc_region_t *region = nullptr;
-  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);  // watches all 4 pages
+  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);  // watches every page
   mrc_put(cache, region);
-
-  std::atomic<bool> go{false};
-  std::thread unmapper([&go, p, length] {
-    while (!go.load()) std::this_thread::yield();
-    munmap(p, length);  // waits for the paused monitor
-  });
-  mrc::uffd::testing::pause_monitor(true);
-  struct Resume {
-    ~Resume() { mrc::uffd::testing::pause_monitor(false); }
-  } resume;
-  go = true;
-  auto map_again = [p, length] {
-    void *again = MAP_FAILED;
-    for (int i = 0; i < 25000 && again == MAP_FAILED; ++i) {  // until the range is free
-      again = mmap(p, length, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-      if (again == MAP_FAILED) usleep(200);
-    }
-    if (again == p) std::memset(p, 0x5a, length);
-    return again == p;
-  };
-  // No ASSERT until the unmapper is joined.
-  std::string failed;
+  ASSERT_TRUE(unmap_in_flight_and_map_again(p)) << "the unmapped range was not free within 5 s";
   uint64_t keys[2] = {0, 0};
-  if (!map_again()) failed = "the unmapped range was not free within 5 s";
   for (uint64_t &key : keys) {
-    if (!failed.empty()) break;
     // A miss (the old region covers the first page only), inside the unmap.
-    if (mrc_get(cache, p + 2 * kPage, kPage, MRC_PROT_READ, &region) != MRC_OK) {
-      failed = std::string("mrc_get: ") + mrc_last_error();
-      break;
-    }
+    ASSERT_EQ(mrc_get(cache, p + 2 * kPage, kPage, MRC_PROT_READ, &region), MRC_OK)
+        << mrc_last_error();
     key = mrc_region_key(region);
     mrc_put(cache, region);
     // Then this thread's own unmap and new memory: ordered before the next get.
-    if (&key == &keys[0] && (munmap(p, length) != 0 || !map_again())) failed = "remapping failed";
+    if (&key == &keys[0]) {
+      ASSERT_EQ(munmap(p, kPages * kPage), 0);
+      ASSERT_TRUE(map_again(p));
+    }
   }
-  mrc::uffd::testing::pause_monitor(false);
-  unmapper.join();
-  ASSERT_EQ(failed, "");
-  const uint64_t first_key = keys[0];
-  const uint64_t second_key = keys[1];
-  EXPECT_NE(second_key, first_key)
+  end_unmap();
+  EXPECT_NE(keys[1], keys[0])
       << "a get returned the registration of memory this thread had unmapped before it";
-  munmap(guarded, length + 2 * kPage);
 }
 
 TEST_F(CacheUnmapInFlight, FastModeIsExactForUnmapsThatReturnedBeforeTheGet) {
