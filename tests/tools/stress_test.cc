@@ -171,7 +171,9 @@ TEST(StressTool, ExactAndFastModesPassBriefly) {
   EXPECT_EQ(summary["stale"].get<uint64_t>(), 0u) << summary["stale_reports"].dump();
   EXPECT_FALSE(summary["stale_unmap_in_flight_counted"].get<bool>());
   EXPECT_EQ(summary["errors"].get<uint64_t>(), 0u) << summary["error_samples"].dump();
-  EXPECT_EQ(summary["unmap_waits"].get<uint64_t>(), 0u) << "fast mode probed for unmaps";
+  // Fast mode probes on misses only (before a registration), never on hits.
+  EXPECT_LE(summary["unmap_waits"].get<uint64_t>(), summary["misses"].get<uint64_t>())
+      << "fast mode waited for unmaps on hits";
   const auto in_window = summary["stale_unmap_in_flight"].get<uint64_t>();
   RecordProperty("fast_in_window_hits", std::to_string(in_window));
   if (in_window != 0) {

@@ -174,6 +174,11 @@ TEST(InvalidationQueue, ManyReadersNeverSeeATornRecord) {
   std::atomic<bool> done{false};
   std::atomic<int> ready{0};
   constexpr int kReaders = 3;
+  std::atomic<uint64_t> torn{0};
+  std::atomic<uint64_t> laps{0};
+  std::atomic<uint64_t> accepted{0};
+  constexpr std::chrono::steady_clock::duration kWaitBudget = std::chrono::seconds(2);
+  std::chrono::steady_clock::duration waited{};
   std::thread producer([&] {
     while (ready.load() < kReaders) std::this_thread::yield();
     for (uint64_t i = 0; i < total;) {
@@ -181,14 +186,22 @@ TEST(InvalidationQueue, ManyReadersNeverSeeATornRecord) {
       const uint64_t n = std::min(batch, total - i);
       queue.publish(i, n);
       i += n;
-      if (i % 16 < 7) widen_the_window();  // let readers keep up, sometimes
+      if (i % 16 < 7) widen_the_window();
+      if (i / 256 != (i - n) / 256 && waited < kWaitBudget) {
+        // Every 256 records (four laps of the ring), until some reader has accepted a record: a
+        // producer that never waits can lap every reader on a busy machine, and then no record
+        // is read at all. Bounded by one budget for all waits, as in the test above.
+        const auto from = std::chrono::steady_clock::now();
+        while (accepted.load(std::memory_order_relaxed) == 0 &&
+               waited + (std::chrono::steady_clock::now() - from) < kWaitBudget) {
+          std::this_thread::yield();
+        }
+        waited += std::chrono::steady_clock::now() - from;
+      }
     }
     done.store(true, std::memory_order_release);
   });
   std::vector<std::thread> readers;
-  std::atomic<uint64_t> torn{0};
-  std::atomic<uint64_t> laps{0};
-  std::atomic<uint64_t> accepted{0};
   for (int t = 0; t < kReaders; ++t) {
     readers.emplace_back([&, t] {
       uint64_t cursor = 0;
