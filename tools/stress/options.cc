@@ -1,5 +1,7 @@
 #include "tools/stress/options.h"
 
+#include "tools/common/cli_numbers.h"
+
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
@@ -12,6 +14,10 @@
 #include <stdexcept>
 
 namespace stress {
+
+using mrc_tools::byte_size;
+using mrc_tools::finite_range;
+using mrc_tools::unsigned_range;
 
 namespace {
 
@@ -75,94 +81,6 @@ constexpr uint64_t kMaxLimitBytes = uint64_t{1} << 50;
 constexpr uint64_t kMaxRegionsLimit = uint64_t{1} << 40;
 // A weight of --mix: bounded so that the weights' sum stays finite and exact enough.
 constexpr double kMaxMixWeight = 1e6;
-
-// ---- validators ------------------------------------------------------------------------------
-// CLI11 (2.1) converts "-1" to an unsigned 64-bit option by wrapping it to 2^64-1 (strtoull),
-// accepts "nan" and "inf" for doubles, and its CLI::Range lets NaN through (NaN compares false
-// with both bounds). Every numeric option therefore goes through one of these validators, so a
-// bad value is a usage error (exit 2) naming the option, never a run that does something else.
-
-// A decimal integer in [min_value, max_value]: digits only (no sign, no 0x), no overflow.
-bool parse_unsigned(const std::string &text, uint64_t *out) {
-  if (text.empty() || text.size() > 20) return false;
-  for (const char c : text) {
-    if (c < '0' || c > '9') return false;
-  }
-  errno = 0;
-  char *end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
-  *out = value;
-  return true;
-}
-
-CLI::Validator unsigned_range(uint64_t min_value, uint64_t max_value) {
-  const std::string range =
-      "[" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
-  return CLI::Validator(
-      [=](std::string &input) -> std::string {
-        uint64_t value = 0;
-        if (!parse_unsigned(input, &value) || value < min_value || value > max_value) {
-          return "'" + input + "' is not a whole number in " + range;
-        }
-        return {};
-      },
-      "UINT in " + range);
-}
-
-// A finite number in [min_value, max_value] (strtod syntax; NaN and infinities refused).
-CLI::Validator finite_range(double min_value, double max_value) {
-  std::ostringstream range;
-  range << "[" << min_value << ", " << max_value << "]";
-  const std::string text = range.str();
-  return CLI::Validator(
-      [=](std::string &input) -> std::string {
-        errno = 0;
-        char *end = nullptr;
-        const double value = std::strtod(input.c_str(), &end);
-        if (input.empty() || end != input.c_str() + input.size() || errno == ERANGE ||
-            !std::isfinite(value) || value < min_value || value > max_value) {
-          return "'" + input + "' is not a finite number in " + text;
-        }
-        return {};
-      },
-      "NUMBER in " + text);
-}
-
-// A byte count: a decimal integer with an optional unit k, m, g or t (powers of 1024; "kb",
-// "kib" and upper case too), in [min_value, max_value]. A transform: the option receives the
-// number of bytes. Replaces CLI::AsSizeValue, which wraps "-1" to 2^64-1.
-CLI::Validator byte_size(uint64_t min_value, uint64_t max_value) {
-  const std::string range =
-      "[" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]";
-  return CLI::Validator(
-      [=](std::string &input) -> std::string {
-        size_t digits = 0;
-        while (digits < input.size() && input[digits] >= '0' && input[digits] <= '9') ++digits;
-        uint64_t value = 0;
-        std::string unit = input.substr(digits);
-        for (char &c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        unsigned shift = 0;
-        const std::map<std::string, unsigned> units{
-            {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
-            {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
-        const auto it = units.find(unit);
-        bool ok =
-            digits != 0 && it != units.end() && parse_unsigned(input.substr(0, digits), &value);
-        if (ok) {
-          shift = it->second;
-          ok = shift == 0 || value <= (std::numeric_limits<uint64_t>::max() >> shift);
-        }
-        if (ok) value <<= shift;
-        if (!ok || value < min_value || value > max_value) {
-          return "'" + input + "' is not a size in bytes in " + range +
-                 " (a whole number, optionally with k, m, g or t)";
-        }
-        input = std::to_string(value);
-        return {};
-      },
-      "SIZE in " + range);
-}
 
 }  // namespace
 
