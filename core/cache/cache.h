@@ -103,6 +103,7 @@
 #include <mutex>
 
 #include "backends/backends.h"
+#include "core/cache/churn_hints.h"
 #include "core/cache/counters.h"
 #include "core/cache/parking_line.h"
 #include "core/cache/reentry.h"
@@ -264,7 +265,9 @@ class Cache {
   // only when it changes: the line is read by every put.
   std::atomic<bool> over_bound_{false};
   unsigned flags_ = 0;
-  bool exact_ = true;  // no MRC_FLAG_ORDERED_UNMAPS: every get probes for unmaps in flight
+  bool exact_ = true;        // no MRC_FLAG_ORDERED_UNMAPS: every get probes for unmaps in flight
+  bool learn_churn_ = true;  // no MRC_FLAG_CACHE_CHURN: misses of churning ranges go uncached
+  ChurnHints churn_;         // mutex_
   size_t verify_pfn_pages_ = 0;
   size_t alignment_ = 4096;
   bool print_stats_ = false;
@@ -304,6 +307,7 @@ class Cache {
   struct SlowStats {
     uint64_t gets_slow, hits_slow, misses, merges, unmap_events, invalidations, registrations,
         evictions, registration_failures, uncacheable, purges;
+    uint64_t churn_skips;       // misses registered uncached because their range churns
     uint64_t registered_bytes;  // ever registered; minus Counter::EndedBytes = still registered
     uint64_t unreleased_bytes;  // ever left the table referenced; plus Counter::UnreleasedBytes
                                 // minus Counter::ReleasedBytes = still waiting

@@ -119,7 +119,8 @@ mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf, size_t 
     unsigned flag;
   };
   const FlagVar flag_vars[] = {{"MRC_PURGE_ON_FORK", MRC_FLAG_PURGE_ON_FORK},
-                               {"MRC_ORDERED_UNMAPS", MRC_FLAG_ORDERED_UNMAPS}};
+                               {"MRC_ORDERED_UNMAPS", MRC_FLAG_ORDERED_UNMAPS},
+                               {"MRC_CACHE_CHURN", MRC_FLAG_CACHE_CHURN}};
   for (const FlagVar &var : flag_vars) {
     const char *value = env(var.name);
     if (value == nullptr) continue;

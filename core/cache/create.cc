@@ -25,7 +25,7 @@ namespace mrc {
 mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexcept {
   if (out == nullptr) return MRC_ERR_INVALID;
   constexpr unsigned kKnownFlags =
-      MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS;
+      MRC_FLAG_PURGE_ON_FORK | MRC_FLAG_VERIFY_PFN | MRC_FLAG_ORDERED_UNMAPS | MRC_FLAG_CACHE_CHURN;
   // Each refusal says why in mrc_last_error() (docs/DESIGN.md, "The C API contract").
   if ((params.flags & ~kKnownFlags) != 0) {
     set_last_error("mrc_cache_create: unknown flags %#x", params.flags & ~kKnownFlags);
@@ -59,6 +59,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   cache->max_unreleased_ = params.max_unreleased;
   cache->flags_ = params.flags;
   cache->exact_ = (params.flags & MRC_FLAG_ORDERED_UNMAPS) == 0;
+  cache->learn_churn_ = (params.flags & MRC_FLAG_CACHE_CHURN) == 0;
   cache->alignment_ = params.alignment != 0 ? params.alignment : kPageSize;
   cache->print_stats_ = config::stats_at_destroy();
   if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {

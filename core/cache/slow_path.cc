@@ -112,7 +112,12 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
         }
         if (status == MRC_OK && hit == nullptr) {
           if (first) ++slow_.misses;
-          status = register_locked(start, end, align_mask, prot, /*cacheable=*/true,
+          // A range that churns registers uncached: no watch, so its munmap waits for no one
+          // (docs/DESIGN.md, "Churn"). Asked once per get: a retry after eviction keeps the
+          // first answer's sample count.
+          const bool cacheable = !(learn_churn_ && first && churn_.skip_caching(start));
+          if (!cacheable) ++slow_.churn_skips;
+          status = register_locked(start, end, align_mask, prot, cacheable,
                                    first ? &evicted : nullptr, &hit);
         }
       }
@@ -162,6 +167,11 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
   for (size_t count; (count = collect_overlapping(table_, start, end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
       ++slow_.invalidations;
+      // Only real registrations teach: a remembered failure is no cached registration.
+      if (learn_churn_ && batch[i]->has(Region::kRegistered)) {
+        churn_.on_event_removed(batch[i]->start,
+                                batch[i]->referenced.load(std::memory_order_relaxed));
+      }
       remove_locked(batch[i]);
     }
   }

@@ -79,8 +79,21 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * MRC_FLAG_PURGE_ON_FORK (MRC_PURGE_ON_FORK=1): deregister every unused region before fork
  * (except while a reg of this cache runs: it holds the lock a purge needs). The deregistrations
  * run in the fork's prepare handler, on the forking thread; they may call any mrc_* function.
- * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration. */
-enum { MRC_FLAG_PURGE_ON_FORK = 1, MRC_FLAG_VERIFY_PFN = 2, MRC_FLAG_ORDERED_UNMAPS = 4 };
+ * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration.
+ *
+ * By default a cache learns which ranges churn: when two registrations in a row of a range (by
+ * its first page) ended by an unmap or madvise before any get used them again, later misses
+ * there register uncached (deregistered at the last put, the mapping not watched), so that the
+ * application's munmap of such memory does not wait for the monitor; one miss in 16 (then
+ * fewer, down to one in 1024 while they keep churning) is cached anyway, and caching is back
+ * once one of those is used again. Exactness does not depend on it. MRC_FLAG_CACHE_CHURN
+ * (MRC_CACHE_CHURN=1) caches every registration instead. */
+enum {
+  MRC_FLAG_PURGE_ON_FORK = 1,
+  MRC_FLAG_VERIFY_PFN = 2,
+  MRC_FLAG_ORDERED_UNMAPS = 4,
+  MRC_FLAG_CACHE_CHURN = 8
+};
 
 /* A registration engine (see backends/README.md for the full plugin contract).
  *

@@ -82,6 +82,9 @@ TEST_P(CacheExactChurn, NoGetReturnsARegistrationOlderThanItsMemory) {
   if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
   mrc_cache_params_t params = backend.params("exact-churn");
   params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);  // whatever the environment
+  // Cached churn is the hazard: without the flag the cache learns that these mappings churn and
+  // registers most of them uncached (cache_churn_test.cc).
+  params.flags |= MRC_FLAG_CACHE_CHURN;
   ASSERT_EQ(create(params), MRC_OK);
   const unsigned threads = GetParam();
   Tally tally;
@@ -99,6 +102,7 @@ TEST_F(CacheFixture, NoGetReturnsARegistrationOfMemoryAnotherThreadMovedAway) {
   if (!monitor_caches()) GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
   mrc_cache_params_t params = backend.params("exact-moves");
   params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);
+  params.flags |= MRC_FLAG_CACHE_CHURN;  // cached churn is the hazard
   ASSERT_EQ(create(params), MRC_OK);
   Tally tally;
   run_churn(cache, backend, 2, 4000, tally, LetGo::MoveThenUnmap);

@@ -84,6 +84,30 @@ TEST(Config, GetsAreExactUnlessOrderedUnmapsIsSet) {
   }
 }
 
+TEST(Config, ChurnIsLearnedUnlessCacheChurnIsSet) {
+  {
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    EXPECT_FALSE(params.flags & MRC_FLAG_CACHE_CHURN) << "learning is the default";
+  }
+  {
+    EnvVar churn("MRC_CACHE_CHURN", "yes");
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    EXPECT_TRUE(params.flags & MRC_FLAG_CACHE_CHURN);
+    mrc_cache_t *cache = nullptr;
+    ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK) << "the flag is accepted";
+    mrc_cache_destroy(cache);
+  }
+  {
+    EnvVar churn("MRC_CACHE_CHURN", "often");
+    mrc_cache_params_t params;
+    char error[256];
+    EXPECT_EQ(mrc_cache_params_init_checked(&params, error, sizeof error), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(error).find("MRC_CACHE_CHURN=often"), std::string::npos) << error;
+  }
+}
+
 TEST(Config, MalformedVariableIsAnErrorNamingIt) {
   EnvVar regions("MRC_MAX_BYTES", "lots");
   mrc_cache_params_t params;

@@ -98,6 +98,11 @@ std::vector<Variable> configuration(std::string *problem) {
                       : "exact mode: every get probes for unmaps in flight (one ioctl)",
                   "1 skips the probe on hits: only for processes where no thread maps memory while "
                   "another unmaps it"});
+  vars.push_back({"MRC_CACHE_CHURN", env("MRC_CACHE_CHURN"),
+                  (params.flags & MRC_FLAG_CACHE_CHURN) != 0
+                      ? "on: every registration cached"
+                      : "off: ranges that churn register uncached (their munmap waits for no one)",
+                  "1 caches even ranges whose registrations keep ending unused by an unmap"});
   // A malformed value is never shown as if it took effect: the library refuses it (the ERROR
   // line below gives mrc_cache_params_init_checked's text).
   const char *const kRefused = "malformed: mrc_cache_create refuses it";

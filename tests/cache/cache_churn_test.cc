@@ -1,0 +1,133 @@
+// Learning which ranges churn (docs/DESIGN.md, "Churn"): a buffer that is a new mapping for every
+// message gains nothing from the cache, and watching it made every munmap of it wait for the
+// monitor. After two such registrations in a row the cache registers that range uncached, so the
+// monitor sees no event of it; a range used again stays cached; a sample that is used again
+// turns caching back on; MRC_FLAG_CACHE_CHURN keeps every registration cached.
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cache_fixture.h"
+#include "mrcache/mrcache.h"
+
+namespace {
+
+using mrc::test::CacheFixture;
+using mrc::test::kPage;
+using mrc::test::map_pages;
+using mrc::test::monitor_caches;
+
+constexpr size_t kPages = 16;
+
+class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    if (!monitor_caches())
+      GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
+  }
+  void create_cache(unsigned flags) {
+    mrc_cache_params_t params = backend.params("churn");
+    params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS | MRC_FLAG_CACHE_CHURN);
+    params.flags |= flags | (GetParam() ? unsigned{MRC_FLAG_ORDERED_UNMAPS} : 0u);
+    ASSERT_EQ(create(params), MRC_OK);
+    // The address every message's mapping takes: the same buffer freed and allocated again, as
+    // glibc does above its mmap threshold. Found after the cache (and the monitor's memory)
+    // exists, and taken with MAP_FIXED_NOREPLACE: nothing else may be mapped there meanwhile.
+    char *probe = map_pages(kPages);
+    ASSERT_NE(probe, nullptr);
+    address_ = probe;
+    ASSERT_EQ(munmap(probe, kPages * kPage), 0);
+  }
+  // One message: a new mapping, `gets` get/put pairs of all of it, munmap.
+  void messages(unsigned count, unsigned gets) {
+    for (unsigned m = 0; m < count; ++m) {
+      void *p = mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      ASSERT_EQ(p, address_) << "something else was mapped at the buffer's address";
+      for (unsigned g = 0; g < gets; ++g) {
+        mrc_region_t *region = nullptr;
+        ASSERT_EQ(mrc_get(cache, p, kPages * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &region),
+                  MRC_OK);
+        mrc_put(cache, region);
+      }
+      ASSERT_EQ(munmap(p, kPages * kPage), 0);
+    }
+  }
+  uint64_t churn_skips() {
+    char json[4096];
+    EXPECT_GT(mrc_cache_stats_json(cache, json, sizeof json), 0);
+    const char *field = std::strstr(json, "\"churn_skips\":");
+    EXPECT_NE(field, nullptr) << json;
+    return field == nullptr ? 0
+                            : std::strtoull(field + std::strlen("\"churn_skips\":"), nullptr, 10);
+  }
+
+  char *address_ = nullptr;
+};
+
+TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEvent) {
+  create_cache(0);
+  messages(40, 1);
+  // Two registrations teach; of the 38 misses after them at most two are cached samples (gaps
+  // of at least 8, then 16 misses).
+  EXPECT_GE(churn_skips(), 35u);
+  const mrc_stats_t s = stats();
+  EXPECT_LE(s.unmap_events, 5u) << "munmaps of uncached mappings must reach no monitor";
+  EXPECT_EQ(s.gets, 40u);
+  EXPECT_EQ(s.registrations, 40u);
+  EXPECT_EQ(s.registrations, s.deregistrations) << "every uncached one ended at its put";
+}
+
+TEST_P(CacheChurn, SamplesGetRarerWhileTheyKeepChurning) {
+  create_cache(0);
+  messages(2000, 1);
+  // Without the back-off one miss in 16 would be cached: 125 events. With it the gaps between
+  // samples are at least 8, 16, 32, ... 512 misses: at most 8 samples in 1,998 misses.
+  const mrc_stats_t s = stats();
+  EXPECT_LE(s.unmap_events, 12u);
+  EXPECT_GE(churn_skips(), 1980u);
+}
+
+TEST_P(CacheChurn, ARangeUsedAgainStaysCached) {
+  create_cache(0);
+  messages(40, 2);
+  EXPECT_EQ(churn_skips(), 0u);
+  const mrc_stats_t s = stats();
+  EXPECT_EQ(s.hits_fast + s.hits_slow, 40u) << "each message's second get hits";
+}
+
+TEST_P(CacheChurn, ASampleUsedAgainTurnsCachingBackOn) {
+  create_cache(0);
+  messages(10, 1);
+  const uint64_t learned = churn_skips();
+  ASSERT_GE(learned, 7u) << "the churn was learned";
+  // The buffer is now used twice per message: the first cached sample (within 16 misses) is hit,
+  // and its unmap ends the churn.
+  messages(20, 2);
+  const uint64_t skips = churn_skips();
+  const mrc_stats_t before = stats();
+  messages(10, 2);
+  EXPECT_EQ(churn_skips(), skips) << "caching is back";
+  const mrc_stats_t after = stats();
+  EXPECT_EQ(after.hits_fast + after.hits_slow - before.hits_fast - before.hits_slow, 10u);
+}
+
+TEST_P(CacheChurn, TheCacheChurnFlagCachesEveryRegistration) {
+  create_cache(MRC_FLAG_CACHE_CHURN);
+  messages(40, 1);
+  EXPECT_EQ(churn_skips(), 0u);
+  const mrc_stats_t s = stats();
+  EXPECT_EQ(s.unmap_events, 40u) << "every munmap of a watched mapping sends its event";
+  EXPECT_EQ(s.uncacheable, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CacheChurn, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool> &param) {
+                           return param.param ? std::string("fast") : std::string("exact");
+                         });
+
+}  // namespace
