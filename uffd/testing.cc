@@ -25,6 +25,7 @@ void set_drop_events(bool (*wanted)()) {
 }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
+uint64_t snapshots() { return detail::g_snapshots.load(std::memory_order_relaxed); }
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
   detail::g_before_register.store(hook, std::memory_order_relaxed);
 }

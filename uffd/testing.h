@@ -24,6 +24,8 @@ void pause_monitor(bool on);
 void set_drop_events(bool (*wanted)());
 // UFFDIO_REGISTER calls made by watch() since the process started.
 uint64_t registrations();
+// Snapshots of the watch table published for the lock-free watch path since the process started.
+uint64_t snapshots();
 // Called (under the registry mutex) between watch()'s lookup of a mapping and its
 // UFFDIO_REGISTER of [start, end), where the application may change the mapping; nullptr = none.
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end));

@@ -19,6 +19,7 @@
 namespace mrc::uffd::detail {
 
 std::atomic<uint64_t> g_registrations{0};
+std::atomic<uint64_t> g_snapshots{0};
 std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register{nullptr};
 
 namespace {
@@ -485,6 +486,7 @@ void WatchTable::destroy_all() noexcept {
   withdraw();
   while (spares_ != nullptr) delete take_spare();  // never published
   stale_ = false;
+  stale_calls_ = 0;
   entries_.release();
   pieces_.release();
   watched_bytes_ = 0;
@@ -579,6 +581,9 @@ size_t WatchTable::try_unwatch_fast(uintptr_t start, uintptr_t end, size_t count
 
 void WatchTable::publish() noexcept {
   if (!stale_) return;
+  const size_t items = entries_.count + pieces_.count;
+  if (items > kPublishAlways && ++stale_calls_ * kPublishRatio < items) return;
+  stale_calls_ = 0;
   const Snapshot *fresh = nullptr;
   if (config_.uffd >= 0 && pieces_.count != 0) {  // no piece: nothing the fast path could count
     const size_t bytes =
@@ -588,6 +593,7 @@ void WatchTable::publish() noexcept {
       withdraw();  // stays stale: the next call tries again
       return;
     }
+    g_snapshots.fetch_add(1, std::memory_order_relaxed);
     auto *snapshot = new (memory) Snapshot{entries_.count, pieces_.count};
     auto *spans = reinterpret_cast<Span *>(snapshot + 1);
     for (size_t i = 0; i < entries_.count; ++i) {

@@ -72,8 +72,9 @@
 //   later watch that needs a piece of exactly that shape again (revivable()) puts the same count
 //   back into the table, inside a registered entry, before it adds to it. Relaxed: the count
 //   publishes nothing; the atomicity of the read-modify-writes is the whole protocol.
-//   published_ (the snapshot): rebuilt by the mutex holder at the end of each locked call when
-//   the table gained a piece or an entry or forgot one (publish()), and stored with a release;
+//   published_ (the snapshot): rebuilt by the mutex holder at the end of a locked call when
+//   the table gained a piece or an entry or forgot one (publish(); in a large table only every
+//   so many such calls, like a snapshot whose allocation failed), and stored with a release;
 //   try_*_fast load it (acquire, pairs with that store: the snapshot's contents, and the
 //   UFFDIO_REGISTER of every entry in it, happen before the reader sees them) inside an
 //   EpochGuard of the process-wide domain. A replaced snapshot, and then the PieceCounts of
@@ -95,8 +96,8 @@
 //   loads the snapshot: if it sees the cursor past a record it sees null or a later snapshot;
 //   if records are pending or unapplied it takes the slow path. So a watch that starts after an
 //   unmap returned never trusts an entry that unmap cut (the pending protocol of subscription.h).
-//   g_registrations (a statistic) and g_before_register (test-only, set by the thread that then
-//   watches) are relaxed atomics: nothing is published through them.
+//   g_registrations and g_snapshots (statistics) and g_before_register (test-only, set by the
+//   thread that then watches) are relaxed atomics: nothing is published through them.
 #pragma once
 
 #include <atomic>
@@ -144,8 +145,12 @@ class WatchTable {
   [[nodiscard]] size_t try_unwatch_fast(uintptr_t start, uintptr_t end,
                                         size_t count = 1) const noexcept;
   // Makes the fast path see the table's pieces and entries (when it gained some or forgot some
-  // since the last call; see SYNCHRONIZATION for what a snapshot may still show). Without memory
-  // for a snapshot the fast path stays off until a later call succeeds.
+  // since the last call; see SYNCHRONIZATION for what a snapshot may still show). A snapshot
+  // copies the whole table, so past kPublishAlways items a new one is made only once the locked
+  // calls since the last one number an eighth of the table: a first watch of each of n mappings
+  // then costs O(1) copies on average instead of O(n) (the fast path meanwhile takes the mutex
+  // for what the snapshot lacks). Without memory for a snapshot the fast path stays off until a
+  // later call succeeds.
   void publish() noexcept;
   // Turns the fast path off until the next publish(): before records that cut entries are applied.
   void withdraw() noexcept;
@@ -262,6 +267,9 @@ class WatchTable {
   // The snapshot lacks a piece or an entry the table has (or it was withdrawn): publish()
   // rebuilds it. Pieces and entries that left the table do not make it stale (see publish()).
   bool stale_ = false;
+  static constexpr size_t kPublishAlways = 64;  // entries + pieces copied at every publish()
+  static constexpr size_t kPublishRatio = 8;    // beyond: one copy per table/8 stale calls
+  size_t stale_calls_ = 0;                      // publish() calls while stale, since the last copy
   PieceCount *spares_ = nullptr;
   // Retired only after the snapshot that shows them is replaced: a reader that loads that
   // snapshot after their retire() would not be waited for.
@@ -271,6 +279,8 @@ class WatchTable {
 
 // UFFDIO_REGISTER calls since the process started (testing::registrations()).
 extern std::atomic<uint64_t> g_registrations;
+// Snapshots published since the process started (testing::snapshots()).
+extern std::atomic<uint64_t> g_snapshots;
 // testing::set_before_register_hook.
 extern std::atomic<void (*)(uintptr_t, uintptr_t)> g_before_register;
 

@@ -66,6 +66,32 @@ char *map_region_pool(size_t regions, size_t pages_each) {
   return static_cast<char *>(p);
 }
 
+// kBatch mappings of kNewMappingPages each, every one its own VMA (a PROT_NONE page between
+// neighbours keeps the kernel from merging them): the first get of each is a first touch of a
+// mapping, as for a buffer the application just allocated. Returns the reservation; map i is at
+// reservation + i * (kNewMappingPages + 1) pages.
+constexpr size_t kNewMappingPages = 4;
+constexpr size_t kNewMappingBatch = 256;
+char *map_separate_batch() {
+  const size_t stride = (kNewMappingPages + 1) * kPage;
+  void *p = mmap(nullptr, kNewMappingBatch * stride, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) std::abort();
+  for (size_t i = 0; i < kNewMappingBatch; ++i) {
+    if (mmap(static_cast<char *>(p) + i * stride, kNewMappingPages * kPage, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+      std::abort();
+    }
+  }
+  return static_cast<char *>(p);
+}
+char *separate_mapping(char *batch, size_t index) {
+  return batch + index * (kNewMappingPages + 1) * kPage;
+}
+void unmap_separate_batch(char *batch) {
+  if (batch != nullptr) munmap(batch, kNewMappingBatch * (kNewMappingPages + 1) * kPage);
+}
+
 enum class Mode { kExact, kFast };
 
 // One cache and one pool per mode for every benchmark of ours (threads share them, as a runtime
@@ -194,34 +220,26 @@ void BM_CacheHotRegionLife(benchmark::State &state, Mode mode) {
 BENCHMARK_CAPTURE(BM_CacheHotRegionLife, exact, Mode::kExact);
 BENCHMARK_CAPTURE(BM_CacheHotRegionLife, fast, Mode::kFast);
 
-// Miss on the first touch of a new mapping: the watch itself is part of the cost.
+// Miss on the first touch of a new mapping (its own VMA): the watch itself is part of the cost.
 void BM_CacheMissNewMapping(benchmark::State &state, Mode mode) {
   Ours &o = ours(mode);
-  constexpr size_t kBatch = 256;
-  std::vector<char *> maps(kBatch);
-  size_t next = kBatch;
+  char *batch = nullptr;
+  size_t next = kNewMappingBatch;
   for (auto _ : state) {
-    if (next == kBatch) {
+    if (next == kNewMappingBatch) {
       state.PauseTiming();
       mrc_cache_purge(o.cache);
-      for (char *m : maps) {
-        if (m != nullptr) munmap(m, 4 * kPage);
-      }
-      for (char *&m : maps) {
-        m = static_cast<char *>(
-            mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-      }
+      unmap_separate_batch(batch);
+      batch = map_separate_batch();
       next = 0;
       state.ResumeTiming();
     }
     mrc_region_t *region = nullptr;
-    mrc_get(o.cache, maps[next++], kPage, MRC_PROT_READ, &region);
+    mrc_get(o.cache, separate_mapping(batch, next++), kPage, MRC_PROT_READ, &region);
     mrc_put(o.cache, region);
   }
   mrc_cache_purge(o.cache);  // after the timed loop
-  for (char *m : maps) {
-    if (m != nullptr) munmap(m, 4 * kPage);
-  }
+  unmap_separate_batch(batch);
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK_CAPTURE(BM_CacheMissNewMapping, exact, Mode::kExact);
@@ -361,30 +379,21 @@ BENCHMARK(BM_UcxRcacheHotRegionLife);
 
 void BM_UcxRcacheMissNewMapping(benchmark::State &state) {
   Ucx &u = ucx();
-  constexpr size_t kBatch = 256;
-  std::vector<char *> maps(kBatch);
-  size_t next = kBatch;
-  auto drop = [&] {  // UCM's munmap hook invalidates the regions
-    for (char *m : maps) {
-      if (m != nullptr) munmap(m, 4 * kPage);
-    }
-  };
+  char *batch = nullptr;  // UCM's munmap hook invalidates the regions
+  size_t next = kNewMappingBatch;
   for (auto _ : state) {
-    if (next == kBatch) {
+    if (next == kNewMappingBatch) {
       state.PauseTiming();
-      drop();
-      for (char *&m : maps) {
-        m = static_cast<char *>(
-            mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-      }
+      unmap_separate_batch(batch);
+      batch = map_separate_batch();
       next = 0;
       state.ResumeTiming();
     }
     ucs_rcache_region_t *region = nullptr;
-    ucs_rcache_get(u.rcache, maps[next++], kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_get(u.rcache, separate_mapping(batch, next++), kPage, PROT_READ, nullptr, &region);
     ucs_rcache_region_put(u.rcache, region);
   }
-  drop();  // after the timed loop
+  unmap_separate_batch(batch);  // after the timed loop
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_UcxRcacheMissNewMapping);
