@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -317,6 +318,29 @@ mrc_status_t query_vma(uintptr_t address, Vma *out) noexcept { return query(addr
 
 mrc_status_t query_vma_from(uintptr_t address, Vma *out) noexcept {
   return query(address, true, out);
+}
+
+uintptr_t brk_heap_start() noexcept {
+  // A stack buffer: this runs under the uffd registry mutex, where allocating is allowed but
+  // not needed. The line is "pid (comm) state ppid ...": fields counted after the last ')',
+  // which comm itself may contain; start_brk is field 47 (Linux 3.3+).
+  char line[2048];
+  const int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = read(fd, line, sizeof line - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  line[n] = '\0';
+  const char *at = std::strrchr(line, ')');
+  if (at == nullptr) return 0;
+  ++at;  // the space before field 3 (state); each step moves to the space before the next
+  for (int field = 3; field < 47; ++field) {
+    at = std::strchr(at + 1, ' ');
+    if (at == nullptr) return 0;
+  }
+  char *end = nullptr;
+  const unsigned long long value = std::strtoull(at + 1, &end, 10);
+  return end != at + 1 ? static_cast<uintptr_t>(value) : 0;
 }
 
 void close_maps_descriptors() noexcept {

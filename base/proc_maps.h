@@ -31,6 +31,10 @@ struct Vma {
 // The mapping that contains `address` or else the first one above it.
 [[nodiscard]] mrc_status_t query_vma_from(uintptr_t address, Vma *out) noexcept;
 
+// Where the process's brk heap starts (start_brk, /proc/self/stat), 0 when it cannot be read.
+// The heap ends at the current break (brk(0)); it starts at start_brk and grows up from there.
+[[nodiscard]] uintptr_t brk_heap_start() noexcept;
+
 // Closes the kept descriptors (a later query opens one again): when the last user leaves.
 void close_maps_descriptors() noexcept;
 // Registers (once) the atfork handlers that hold the descriptors across fork and close them in

@@ -242,6 +242,7 @@ void start_locked() noexcept {
   config.own[0][1] = config.own[0][0] + g_monitor.stack_bytes;
   config.own[1][0] = g_monitor.queue.storage_begin();
   config.own[1][1] = g_monitor.queue.storage_end();
+  config.brk_heap_start = os::brk_heap_start();
   g_monitor.watches.reset(config);
   MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());
 }

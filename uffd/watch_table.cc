@@ -2,6 +2,7 @@
 #include "uffd/watch_table.h"
 
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -347,8 +348,17 @@ bool WatchTable::acceptable(const os::Vma &mapping, char *why, size_t why_len) c
   return true;
 }
 
-// Registers the mapping at `at` (in MISSING mode only its part in [at, end)), records it, and
-// sets *next to the end of what it registered. REQUIRES: no entry contains `at`.
+bool WatchTable::in_brk_heap(const os::Vma &mapping) const noexcept {
+  if (config_.brk_heap_start == 0 || !mapping.anonymous || mapping.start < config_.brk_heap_start) {
+    return false;
+  }
+  const auto brk_now = static_cast<uintptr_t>(syscall(SYS_brk, 0));  // the current break
+  return mapping.start < brk_now;
+}
+
+// Registers the mapping at `at` (in MISSING mode and in the brk heap only its part in
+// [at, end)), records it, and sets *next to the end of what it registered. REQUIRES: no entry
+// contains `at`.
 bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
                                size_t why_len) {
   for (int attempt = 1;; ++attempt) {
@@ -362,7 +372,7 @@ bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, cha
       return false;
     }
     if (!acceptable(mapping, why, why_len)) return false;
-    const bool exact = config_.mode == MRC_MONITOR_MISSING;
+    const bool exact = config_.mode == MRC_MONITOR_MISSING || in_brk_heap(mapping);
     const uintptr_t lo = exact ? at : mapping.start;
     const uintptr_t hi = exact ? std::min(end, mapping.end) : mapping.end;
 

@@ -7,7 +7,11 @@
 // a move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which
 // the kernel cannot move along with others). MISSING mode registers exactly the pages asked for,
 // because the monitor thread resolves the faults there and must never fault on memory it did not
-// choose (a runtime's per-thread data merged into the same VMA): its splits are the price.
+// choose (a runtime's per-thread data merged into the same VMA): its splits are the price. So
+// does every mode in the brk heap (between start_brk and the break): nothing mremaps the heap,
+// brk() grows and shrinks it whatever its VMAs, and registering all of it made every free() that
+// trims the heap, and every madvise of its free memory, wait for the monitor although no
+// registration lay there (docs/DESIGN.md, "Watching").
 //
 // Two records:
 //  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
@@ -123,6 +127,8 @@ struct WatchConfig {
   // The monitor's own memory (thread stack, queue): never watched, because in MISSING mode a
   // fault there would wait for the monitor itself.
   uintptr_t own[2][2] = {{0, 0}, {0, 0}};
+  // Where the brk heap starts (os::brk_heap_start(); 0: unknown, the heap is watched whole).
+  uintptr_t brk_heap_start = 0;
 };
 
 class WatchTable {
@@ -240,6 +246,8 @@ class WatchTable {
 
   const Entry *containing(uintptr_t address) const noexcept;
   bool acceptable(const os::Vma &mapping, char *why, size_t why_len) const noexcept;
+  // Whether the mapping is part of the brk heap (watched exactly, not whole).
+  bool in_brk_heap(const os::Vma &mapping) const noexcept;
   bool register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why, size_t why_len);
   [[nodiscard]] bool record(uintptr_t start, uintptr_t end) noexcept;
   void adopt_replacement(uintptr_t start, uintptr_t end) noexcept;

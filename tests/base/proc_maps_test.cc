@@ -93,6 +93,21 @@ TEST_P(Query, HeapAndStack) {
   EXPECT_GT(m.end, u(&on_stack));
 }
 
+// start_brk from /proc/self/stat (field 47): the first VMA of the heap starts there once the heap
+// has grown, and the break is never below it.
+TEST(BrkHeap, StartIsWhereTheHeapBegins) {
+  const uintptr_t start = brk_heap_start();
+  ASSERT_NE(start, 0u);
+  EXPECT_EQ(start % page_size(), 0u);
+  ASSERT_NE(sbrk(static_cast<intptr_t>(page_size())), reinterpret_cast<void *>(-1));
+  const uintptr_t brk_now = u(sbrk(0));
+  EXPECT_LT(start, brk_now);
+  Vma heap{};
+  ASSERT_EQ(query_vma(start, &heap), MRC_OK) << "the heap's first page is mapped";
+  EXPECT_EQ(heap.start, start);
+  EXPECT_TRUE(heap.anonymous);
+}
+
 TEST_P(Query, UnmappedAndNext) {
   const size_t page = page_size();
   char *p = map_anonymous(3 * page);

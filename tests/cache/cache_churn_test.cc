@@ -76,7 +76,7 @@ TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEven
   // of at least 8, then 16 misses).
   EXPECT_GE(churn_skips(), 35u);
   const mrc_stats_t s = stats();
-  EXPECT_LE(s.unmap_events, 5u) << "munmaps of uncached mappings must reach no monitor";
+  EXPECT_LE(s.invalidations, 4u) << "munmaps of uncached mappings must reach no monitor";
   EXPECT_EQ(s.gets, 40u);
   EXPECT_EQ(s.registrations, 40u);
   EXPECT_EQ(s.registrations, s.deregistrations) << "every uncached one ended at its put";
@@ -85,10 +85,12 @@ TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEven
 TEST_P(CacheChurn, SamplesGetRarerWhileTheyKeepChurning) {
   create_cache(0);
   messages(2000, 1);
-  // Without the back-off one miss in 16 would be cached: 125 events. With it the gaps between
-  // samples are at least 8, 16, 32, ... 512 misses: at most 8 samples in 1,998 misses.
+  // Without the back-off one miss in 16 would be cached: 125 of them. With it the gaps between
+  // samples are at least 8, 16, 32, ... 512 misses: at most 8 samples in 1,998 misses, plus the
+  // two that taught. (Counted as invalidations: the monitor's events also report memory of the
+  // process that merged into a watched buffer's VMA.)
   const mrc_stats_t s = stats();
-  EXPECT_LE(s.unmap_events, 12u);
+  EXPECT_LE(s.invalidations, 10u) << "cached registrations ended by their munmap";
   EXPECT_GE(churn_skips(), 1980u);
 }
 
@@ -121,7 +123,7 @@ TEST_P(CacheChurn, TheCacheChurnFlagCachesEveryRegistration) {
   messages(40, 1);
   EXPECT_EQ(churn_skips(), 0u);
   const mrc_stats_t s = stats();
-  EXPECT_EQ(s.unmap_events, 40u) << "every munmap of a watched mapping sends its event";
+  EXPECT_EQ(s.invalidations, 40u) << "every munmap of a watched mapping sends its event";
   EXPECT_EQ(s.uncacheable, 0u);
 }
 

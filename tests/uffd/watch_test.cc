@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/proc_maps.h"
 #include "tests/uffd/fixtures.h"
 #include "tests/uffd/helpers.h"
 #include "uffd/testing.h"
@@ -115,6 +116,30 @@ TEST_F(Watch, FirstWatchesOfManyMappingsCopyTheTableRarely) {
     unwatch(p, page);
     unmap_alone(p, page);
   }
+}
+
+// The brk heap is watched page by page, not whole: nothing mremaps it, and a watch of one buffer
+// in it must not make every free() that trims the heap or madvises its free memory wait for the
+// monitor. Pages of the heap away from the watch send no event; the watched page does.
+TEST_F(Watch, InTheBrkHeapOnlyTheWatchedPagesAreRegistered) {
+  if (testing::monitor_loop() == std::string("none")) GTEST_SKIP() << "no monitor";
+  const size_t page = page_size();
+  constexpr size_t kPages = 64;
+  // Grown by hand (malloc may take the break too, but never gives back what it did not take).
+  auto *top = static_cast<char *>(sbrk(0));
+  ASSERT_NE(sbrk(static_cast<intptr_t>((kPages + 1) * page)), reinterpret_cast<void *>(-1));
+  char *heap = reinterpret_cast<char *>((u(top) + page - 1) & ~(page - 1));
+  for (size_t i = 0; i < kPages; ++i) heap[i * page] = 1;
+  char *watched = heap + 8 * page;
+  watch(watched, 2 * page);
+  mrc::os::Vma vma{};
+  ASSERT_EQ(mrc::os::query_vma(u(watched), &vma), MRC_OK);
+  EXPECT_EQ(vma.start, u(watched)) << "the watch registers its own pages, not the whole heap";
+  EXPECT_EQ(vma.end, u(watched) + 2 * page);
+  EXPECT_FALSE(madvise_is_reported(heap + 40 * page)) << "a heap page no watch covers";
+  EXPECT_FALSE(madvise_is_reported(heap + 2 * page));
+  EXPECT_TRUE(madvise_is_reported(watched + page));
+  unwatch(watched, 2 * page);
 }
 
 TEST_F(Watch, ALargeWatchIsOneRegistration) {
