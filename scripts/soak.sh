@@ -2,7 +2,7 @@
 # The soak: mrcache-stress again and again, rotating through its configurations, until the runs
 # together have done OPS operations (default 10^8: close to two hours on 2 cores). The
 # configurations cover the whole mutation mix, hot and nested ranges, forks, injected
-# registration failures, exact and fast mode, the monitor's modes (the best the kernel offers,
+# registration failures, exact and fast mode, with and without learning which ranges churn, the monitor's modes (the best the kernel offers,
 # and MISSING), and the PFN oracle over the null backend where the machine allows it (root:
 # /proc/self/pagemap shows frames); the io_uring oracle everywhere. Each run prints one line;
 # the end gives the operations, stale registrations, leaks and errors summed over all runs.
@@ -71,6 +71,10 @@ configs=(
   "${pfn[@]:1:1}"
   "hot-nested||--hot-rate 0.5 --nest-rate 0.5 --invalidate-rate 0.05 --mix remap=4,move=2,shrink=2,grow=2,unmap-tail=2,dontneed=3,free=2,fixed=3,purge=0.5"
   "missing-fast-inject|MRC_MONITOR=missing|--fast --fail-rate 0.02 --fork-rate 2"
+  # Every registration cached, even of mappings that churn (the cache learns by default to
+  # register those uncached): the unmap window with the most cached churn.
+  "exact-cache-churn|MRC_CACHE_CHURN=1|"
+  "fast-cache-churn|MRC_CACHE_CHURN=1|--fast"
 )
 
 json=$(mktemp /tmp/mrcache-soak.XXXXXX.json)
