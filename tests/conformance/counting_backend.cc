@@ -22,6 +22,9 @@ mrc_cache_params_t CountingBackend::params(const char *name) {
   params.name = name;
   params.backend = &ops_;
   params.backend_ctx = this;
+  // UCX's and libfabric's scenarios expect every registration cached (merges, widening, reuse);
+  // the learning of churning ranges would register repeated scenarios at one address uncached.
+  params.flags |= MRC_FLAG_CACHE_CHURN;
   return params;
 }
 

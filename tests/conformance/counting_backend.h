@@ -33,7 +33,8 @@ class CountingBackend {
   ~CountingBackend();
 
   const mrc_backend_t *ops() const { return &ops_; }
-  // mrc_cache_params_init's defaults with this backend.
+  // mrc_cache_params_init's defaults with this backend, every registration cached
+  // (MRC_FLAG_CACHE_CHURN).
   mrc_cache_params_t params(const char *name = "conformance");
 
   // Every reg fails with `status` until fail_always(MRC_OK).
