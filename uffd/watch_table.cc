@@ -349,7 +349,12 @@ bool WatchTable::acceptable(const os::Vma &mapping, char *why, size_t why_len) c
 }
 
 bool WatchTable::in_brk_heap(const os::Vma &mapping) const noexcept {
-  if (config_.brk_heap_start == 0 || !mapping.anonymous || mapping.start < config_.brk_heap_start) {
+  // Mappings far above start_brk (the mmap area, tens of TiB away) are not asked about: the brk
+  // syscall would cost every first watch there. Were a heap ever larger, it would just be watched
+  // whole, as every mapping was before.
+  constexpr uintptr_t kHeapReach = uintptr_t{1} << 40;
+  if (config_.brk_heap_start == 0 || !mapping.anonymous || mapping.start < config_.brk_heap_start ||
+      mapping.start - config_.brk_heap_start >= kHeapReach) {
     return false;
   }
   const auto brk_now = static_cast<uintptr_t>(syscall(SYS_brk, 0));  // the current break
