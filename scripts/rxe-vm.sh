@@ -7,6 +7,8 @@
 #   scripts/rxe-vm.sh run [OPTS] [--] [CMD...]
 #                                           boot, bring up rxe0/rxe1, run CMD in the guest, power off
 #   scripts/rxe-vm.sh all [OPTS] [--] [CMD...]  setup + build + run
+#   scripts/rxe-vm.sh pair [--timeout SEC] SCRIPT_A SCRIPT_B
+#                                           two guests on one private wire (see cmd_pair)
 #     OPTS: --rw DIR       share host DIR read-write (e.g. the build dir); all else is read-only
 #           --timeout SEC  host-side bound on the whole guest run (default $RXEVM_TIMEOUT)
 #
@@ -62,7 +64,7 @@ INITRAMFS_PACKAGES=(busybox-static iproute2 rdma-core ibverbs-providers ibverbs-
   libc6 libgcc-s1)
 # Modules /init loads, dependencies resolved from modules.dep. crc32_generic is not in it: rxe asks
 # the crypto API for "crc32" at `rdma link add`, and without it that fails with ENOENT.
-GUEST_MODULES=(crc32_generic rdma_rxe ib_uverbs rdma_ucm veth virtio_pci 9pnet_virtio 9p overlay)
+GUEST_MODULES=(crc32_generic rdma_rxe ib_uverbs rdma_ucm veth virtio_pci virtio_net 9pnet_virtio 9p overlay)
 FREE_SPACE_MIB=1024  # kernel .deb plus its unpacked tree plus the initramfs, with margin
 
 log() { echo "[rxe-vm] $*" >&2; }
@@ -324,12 +326,15 @@ die() {
   finish
 }
 
-STO=600 MTU=1500 SELFTEST=1
+STO=600 MTU=1500 SELFTEST=1 NODE_IP= NODE_PEER= NODE_NAME=
 for word in $(cat /proc/cmdline); do
   case $word in
     rxevm.timeout=*) STO=${word#*=} ;;
     rxevm.mtu=*) MTU=${word#*=} ;;
     rxevm.selftest=*) SELFTEST=${word#*=} ;;
+    rxevm.ip=*) NODE_IP=${word#*=} ;;       # two-node mode: eth0 address, e.g. 10.77.0.1/24
+    rxevm.peer=*) NODE_PEER=${word#*=} ;;
+    rxevm.name=*) NODE_NAME=${word#*=} ;;
   esac
 done
 
@@ -338,10 +343,38 @@ mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=512000 rxevmctl /ctl || di
 CTL=1
 status "STAGE=boot"
 
-# rxe0 and rxe1 on the two ends of a veth pair, IPv6 link-local only. accept_dad=0 makes the
-# addresses (and with them the GIDs) usable at once.
 sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
 ip link set lo up
+if [ -n "$NODE_IP" ]; then
+  # Two-node mode: one guest of a pair. rxe0 on the virtio-net NIC eth0, whose other end is the
+  # peer guest's eth0 (QEMU -netdev socket over host loopback). IPv4 only on this private wire.
+  hostname "${NODE_NAME:-node}"
+  ip link set eth0 mtu "$MTU" up || die "no eth0 (virtio-net) in two-node mode"
+  ip addr add "$NODE_IP" dev eth0 || die "ip addr add $NODE_IP failed"
+  rdma link add rxe0 type rxe netdev eth0 || die "rdma link add rxe0 failed"
+  gid_of() {  # gid_of DEV PREFIX: index of the first RoCE v2 GID starting with PREFIX
+    d=/sys/class/infiniband/$1/ports/1
+    for i in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+      read -r g <"$d/gids/$i" 2>/dev/null || continue
+      read -r t <"$d/gid_attrs/types/$i" 2>/dev/null || continue
+      case $g in $2*) [ "$t" = "RoCE v2" ] && { echo "$i"; return 0; } ;; esac
+    done
+    return 1
+  }
+  n=0
+  until G4=$(gid_of rxe0 0000:0000:0000:0000:0000:ffff:) && GLL=$(gid_of rxe0 fe80:); do
+    n=$((n + 1))
+    [ $n -gt 100 ] && die "no RoCE v2 IPv4/link-local GID on rxe0 after 10 s"
+    usleep 100000
+  done
+  G0=$G4 G1= LL0=$(ip -6 -o addr show dev eth0 scope link | awk '{print $4}' | cut -d/ -f1) LL1=
+  ibv_devinfo -d rxe0 | grep -q PORT_ACTIVE || die "rxe0 port is not PORT_ACTIVE"
+  echo "RXEVM: $NODE_NAME rxe0 on eth0 ${NODE_IP}, gid[$G4] IPv4, gid[$GLL] $LL0, ready at guest uptime $(up) s"
+  status "STAGE=rxe-up"
+  status "STAGE=selftest-passed"
+else
+# rxe0 and rxe1 on the two ends of a veth pair, IPv6 link-local only. accept_dad=0 makes the
+# addresses (and with them the GIDs) usable at once.
 ip link add veth0 mtu "$MTU" type veth peer name veth1 mtu "$MTU" || die "ip link add veth failed"
 ip link set veth0 up && ip link set veth1 up || die "veth up failed"
 rdma link add rxe0 type rxe netdev veth0 || die "rdma link add rxe0 failed"
@@ -393,6 +426,7 @@ if [ "$SELFTEST" = 1 ]; then
   echo "RXEVM: self-test RC pingpong rxe1 -> rxe0: $(grep -m1 'bytes in' /tmp/pp.cli)"
 fi
 status "STAGE=selftest-passed"
+fi
 
 if [ -f /ctl/cmd.sh ]; then
   # The host's / read-only, under an overlay whose writes stay in guest memory.
@@ -407,6 +441,9 @@ if [ -f /ctl/cmd.sh ]; then
   mount -t sysfs sysfs $R/sys
   mount -t devtmpfs devtmpfs $R/dev
   mkdir -p $R/dev/shm $R/dev/pts
+  # devtmpfs has no /dev/fd: bash process substitution <(...) needs it.
+  ln -sf /proc/self/fd $R/dev/fd
+  ln -sf /proc/self/fd/0 $R/dev/stdin; ln -sf /proc/self/fd/1 $R/dev/stdout; ln -sf /proc/self/fd/2 $R/dev/stderr
   mount -t tmpfs tmpfs $R/dev/shm
   mount -t devpts devpts $R/dev/pts
   mount -t tmpfs -o mode=755 tmpfs $R/run
@@ -419,12 +456,17 @@ if [ -f /ctl/cmd.sh ]; then
   fi
   mkdir -p $R/run/rxevm
   cp /ctl/cmd.sh $R/run/rxevm/cmd.sh
+  if [ -n "$NODE_IP" ]; then  # names of the pair for MPI; the overlay keeps the host's file intact
+    printf '127.0.0.1 localhost\n10.77.0.1 nodea\n10.77.0.2 nodeb\n' >$R/etc/hosts
+    echo "$NODE_NAME" >$R/etc/hostname
+  fi
   echo "RXEVM: running the command (bound ${STO} s) at guest uptime $(up) s"
   status "STAGE=command"
   t0=$(cut -d. -f1 /proc/uptime)
   chroot $R /usr/bin/timeout -k 10 "$STO" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     RXE_DEV0=rxe0 RXE_DEV1=rxe1 RXE_GID0="$G0" RXE_GID1="$G1" RXE_LL0="$LL0" RXE_LL1="$LL1" \
+    RXE_GID="$G0" RXE_GID_LL="${GLL:-}" RXE_IP="${NODE_IP%/*}" RXE_PEER="$NODE_PEER" RXE_NAME="$NODE_NAME" \
     /bin/bash /run/rxevm/cmd.sh </dev/null
   rc=$?
   t1=$(cut -d. -f1 /proc/uptime)
@@ -448,7 +490,7 @@ accel_args() {
   fi
   case $accel in
     kvm) echo "-accel kvm -cpu host" ;;
-    tcg) echo "-accel tcg" ;;
+    tcg) echo "-accel tcg${RXEVM_TB_SIZE:+,tb-size=$RXEVM_TB_SIZE}" ;;  # tb-size: MiB of TCG code cache (default 1 GiB, most of the RSS)
     *) fail 125 "RXEVM_ACCEL must be auto, kvm or tcg (got $accel)" ;;
   esac
 }
@@ -513,23 +555,37 @@ cmd_run() {
   find "$WORK/logs" -name 'guest-*.log' -printf '%T@ %p\n' | sort -rn | tail -n +31 |
     cut -d' ' -f2- | xargs -r rm -f
 
-  log "booting the guest ($accel, bound ${timeout} s), log: $logf"
-  local t0=$SECONDS qrc
-  # -nic none: no network device; all RDMA traffic stays on the guest's veth pair.
-  # -no-reboot with panic=-1: a crashed /init ends QEMU instead of looping.
-  # </dev/null: QEMU must not eat the caller's stdin. sed -u: live output, no CRs or escapes.
-  # --foreground keeps QEMU in the caller's process group, so Ctrl-C or a CI runner's signal
-  # ends it too; QEMU ignores SIGPIPE and would otherwise run on until the timeout.
-  set +e
-  # shellcheck disable=SC2086  # accel is a list of words
-  timeout --foreground -k 10 "$timeout" qemu-system-x86_64 -nographic -no-reboot -nic none \
-    -m "$GUEST_MEM" -smp "$GUEST_SMP" $accel \
-    -kernel "$WORK/vmlinuz" -initrd "$WORK/initramfs.cpio.gz" -append "$append" \
-    "${share[@]}" </dev/null 2>&1 | sed -u 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tee "$logf"
-  qrc=${PIPESTATUS[0]}
-  set -e
+  local t0 qrc attempt
+  for attempt in 1 2; do
+    log "booting the guest ($accel, bound ${timeout} s), log: $logf"
+    t0=$SECONDS
+    # -nic none: no network device; all RDMA traffic stays on the guest's veth pair.
+    # -no-reboot with panic=-1: a crashed /init ends QEMU instead of looping.
+    # </dev/null: QEMU must not eat the caller's stdin. sed -u: live output, no CRs or escapes.
+    # --foreground keeps QEMU in the caller's process group, so Ctrl-C or a CI runner's signal
+    # ends it too; QEMU ignores SIGPIPE and would otherwise run on until the timeout.
+    set +e
+    # shellcheck disable=SC2086  # accel is a list of words
+    timeout --foreground -k 10 "$timeout" qemu-system-x86_64 -nographic -no-reboot -nic none \
+      -m "$GUEST_MEM" -smp "$GUEST_SMP" $accel \
+      -kernel "$WORK/vmlinuz" -initrd "$WORK/initramfs.cpio.gz" -append "$append" \
+      "${share[@]}" </dev/null 2>&1 | sed -u 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tee "$logf"
+    qrc=${PIPESTATUS[0]}
+    set -e
+    log "guest ran $((SECONDS - t0)) s (qemu exit $qrc)"
+    # A guest kernel that dies before /init mounted the control share ran none of this project's
+    # code: under TCG with two vCPUs it has been seen to oops on a stale int3 left by kernel text
+    # patching during boot. That one fault gets a second boot, said loudly; anything later is
+    # the run's own result.
+    if [ "$attempt" = 1 ] && [ "$qrc" = 0 ] && [ ! -s "$ctl/status" ] &&
+      grep -qE 'Kernel panic|Oops|BUG:' "$logf"; then
+      log "the guest kernel died before /init (see $logf): booting it once more"
+      logf=${logf%.log}-retry.log
+      continue
+    fi
+    break
+  done
   local elapsed=$((SECONDS - t0))
-  log "guest ran ${elapsed} s (qemu exit $qrc)"
 
   local stage rc reason
   touch "$ctl/status"  # absent when the guest died before mounting the control share
@@ -563,11 +619,122 @@ cmd_run() {
   return "$rc"
 }
 
+
+# ---------------------------------------------------------------------------------------------
+# pair [--timeout SEC] SCRIPT_A SCRIPT_B: two guests at once, nodea (10.77.0.1) and nodeb
+# (10.77.0.2), each with rxe0 on its own virtio-net eth0 and no other link. The two NICs are
+# joined by QEMU's dgram netdev: UDP between 127.0.0.1:$RXEVM_WIRE_PORT and the next port, so the
+# wire never leaves the host's loopback and needs no tap, bridge or privilege (RXEVM_WIRE=udp,
+# socket or stream pick older or TCP spellings; TCP costs ~15x in latency). Each guest runs its
+# SCRIPT (bash, in the host's / under chroot, as in `run`) with RXE_NAME, RXE_IP, RXE_PEER,
+# RXE_GID (IPv4 RoCE v2 GID index) and RXE_GID_LL (link-local). B is expected to end when A's
+# script tells it to; it is killed by pid RXEVM_B_GRACE [30] seconds after A ends. Defaults
+# differ from `run`: RXEVM_SMP 1, RXEVM_MEM 512, RXEVM_TB_SIZE 128 (MiB of TCG code cache), as
+# four vCPU threads on a 2-core host starve each other's pollers. A kernel Oops, BUG or panic on
+# either console fails the pair. Exit status: A's script's; 125 when a guest itself failed.
+cmd_pair() {
+  local timeout=$TIMEOUT
+  if [ "${1:-}" = --timeout ]; then
+    [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 60 ] || fail 125 "--timeout wants seconds >= 60"
+    timeout=$2
+    shift 2
+  fi
+  [ $# -eq 2 ] || usage
+  GUEST_SMP=${RXEVM_SMP:-1} GUEST_MEM=${RXEVM_MEM:-512}
+  export RXEVM_TB_SIZE=${RXEVM_TB_SIZE:-128}
+  local sa sb
+  sa=$(readlink -f "$1") sb=$(readlink -f "$2")
+  [ -f "$sa" ] && [ -f "$sb" ] || fail 125 "pair wants two script files"
+  local port=${RXEVM_WIRE_PORT:-17701} grace=${RXEVM_B_GRACE:-30}
+  local accel guest_timeout=$((timeout - 90))
+  accel=$(accel_args)
+  mkdir -p "$WORK/runs" "$WORK/logs"
+  local ca cb stamp
+  ca=$(mktemp -d "$WORK/runs/a.XXXXXX") cb=$(mktemp -d "$WORK/runs/b.XXXXXX")
+  stamp=$(date +%Y%m%d-%H%M%S)-$$
+  local loga=$WORK/logs/pair-$stamp-a.log logb=$WORK/logs/pair-$stamp-b.log
+  # shellcheck disable=SC2064
+  trap "rm -rf '$ca' '$cb'" EXIT
+  printf '#!/bin/bash\ncd %q 2>/dev/null || cd /\nexec bash %q\n' "$PWD" "$sa" >"$ca/cmd.sh"
+  printf '#!/bin/bash\ncd %q 2>/dev/null || cd /\nexec bash %q\n' "$PWD" "$sb" >"$cb/cmd.sh"
+  ss -Htuln "( sport = :$port or sport = :$((port + 1)) )" | grep -q . &&
+    fail 125 "127.0.0.1:$port or $((port + 1)) is in use (set RXEVM_WIRE_PORT)"
+  local common="console=ttyS0 panic=-1 rxevm.timeout=$guest_timeout rxevm.mtu=$GUEST_MTU $GUEST_APPEND"
+  boot() {  # boot NAME IP PEER MAC NETDEV CTL LOG
+    # shellcheck disable=SC2086
+    timeout -k 10 "$timeout" qemu-system-x86_64 -nographic -no-reboot \
+      -m "$GUEST_MEM" -smp "$GUEST_SMP" $accel \
+      -kernel "$WORK/vmlinuz" -initrd "$WORK/initramfs.cpio.gz" \
+      -append "$common rxevm.name=$1 rxevm.ip=$2/24 rxevm.peer=$3" \
+      -netdev "$5" -device "virtio-net-pci,netdev=wire,mac=$4" \
+      -virtfs "local,path=$6,mount_tag=rxevmctl,security_model=none" \
+      -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+      </dev/null >"$7" 2>&1 &
+  }
+  local t0=$SECONDS pa pb
+  log "booting nodea ($accel), log $loga"
+  # The wire, always on 127.0.0.1. dgram (UDP, default): no ordering, no Nagle. socket/stream
+  # (TCP): B's connect fails unless A already listens, so A is started first and polled for.
+  local na nb lo=127.0.0.1 wire=${RXEVM_WIRE:-dgram}
+  case $wire in
+    dgram)
+      na="dgram,id=wire,local.type=inet,local.host=$lo,local.port=$port,remote.type=inet,remote.host=$lo,remote.port=$((port + 1))"
+      nb="dgram,id=wire,local.type=inet,local.host=$lo,local.port=$((port + 1)),remote.type=inet,remote.host=$lo,remote.port=$port" ;;
+    udp) na="socket,id=wire,udp=$lo:$((port + 1)),localaddr=$lo:$port"
+      nb="socket,id=wire,udp=$lo:$port,localaddr=$lo:$((port + 1))" ;;
+    socket) na="socket,id=wire,listen=$lo:$port" nb="socket,id=wire,connect=$lo:$port" ;;
+    stream) na="stream,id=wire,server=on,addr.type=inet,addr.host=$lo,addr.port=$port"
+      nb="stream,id=wire,server=off,addr.type=inet,addr.host=$lo,addr.port=$port" ;;
+    *) fail 125 "RXEVM_WIRE must be dgram, udp, socket or stream" ;;
+  esac
+  log "wire: $wire on $lo:$port"
+  boot nodea 10.77.0.1 10.77.0.2 52:54:00:77:00:01 "$na" "$ca" "$loga"
+  pa=$!
+  local n=0
+  case $wire in socket | stream)
+    until ss -Htln "sport = :$port" | grep -q .; do
+      n=$((n + 1)); [ $n -gt 100 ] && { kill "$pa"; fail 125 "nodea never listened on $port"; }
+      sleep 0.1
+    done ;;
+  esac
+  log "booting nodeb, log $logb"
+  boot nodeb 10.77.0.2 10.77.0.1 52:54:00:77:00:02 "$nb" "$cb" "$logb"
+  pb=$!
+  echo "$pa $pb" >"$ca/pids"  # for a caller that must end them by pid
+  local qa qb
+  wait "$pa"; qa=$?
+  log "nodea ended after $((SECONDS - t0)) s (qemu exit $qa)"
+  n=0
+  while kill -0 "$pb" 2>/dev/null && [ $n -lt $((grace * 10)) ]; do sleep 0.1; n=$((n + 1)); done
+  kill -0 "$pb" 2>/dev/null && { log "nodeb still running: killing pid $pb"; kill "$pb"; }
+  wait "$pb"; qb=$?
+  log "nodeb ended after $((SECONDS - t0)) s (qemu exit $qb)"
+  sed 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g; s/^/A| /' "$loga"
+  sed 's/\r$//; s/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g; s/^/B| /' "$logb"
+  touch "$ca/status" "$cb/status"
+  local rca rcb
+  rca=$(sed -n 's/^RC=//p' "$ca/status" | tail -1) rcb=$(sed -n 's/^RC=//p' "$cb/status" | tail -1)
+  local oops
+  oops=$(grep -lE 'Oops|BUG:|Kernel panic' "$loga" "$logb" | tr '\n' ' ')
+  if [ -n "$oops" ]; then
+    result FAIL "a guest kernel crashed (nodea rc=${rca:-none}); see $oops"
+    return 125
+  fi
+  if [ "$rca" = 0 ]; then
+    result PASS "nodea command exited 0 (nodeb rc=${rcb:-none}), pair ran $((SECONDS - t0)) s"
+  else
+    result FAIL "nodea rc=${rca:-none} stage=$(sed -n 's/^STAGE=//p' "$ca/status" | tail -1), nodeb rc=${rcb:-none}; logs $loga $logb"
+  fi
+  [[ $rca =~ ^[0-9]+$ ]] && return "$rca"
+  return 125
+}
+
 # ---------------------------------------------------------------------------------------------
 case ${1:-} in
   setup) cmd_setup ;;
   build) cmd_build ;;
   run) shift; cmd_run "$@" ;;
+  pair) shift; cmd_pair "$@" ;;
   all) shift; cmd_setup; cmd_build; cmd_run "$@" ;;
   -h | --help | help) usage ;;
   *) usage ;;
