@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# ci-rxe.sh: the rxe soft-RoCE CI lane. The host kernel has no RDMA stack, so the verbs tests
-# run in a QEMU guest with rdma_rxe (scripts/rxe-vm.sh) against the host's own build.
+# ci-rxe.sh: the rxe soft-RoCE CI lanes. The host kernel has no RDMA stack, so the verbs tests
+# run in QEMU guests with rdma_rxe (scripts/rxe-vm.sh) against the host's own build.
 #
-#   scripts/ci-rxe.sh            (as root: it installs Debian packages on first use)
+#   scripts/ci-rxe.sh            one guest: the verbs tests (as root: it installs Debian
+#                                packages on first use)
+#   scripts/ci-rxe.sh --pair     two guests on one private wire: mrcache-mpi across them
 #
 # 1. scripts/rxe-vm.sh setup + build: host packages, guest kernel, initramfs (cached).
 # 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
 #    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
-#    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only the
-#    test programs labelled verbs and mrcache-stress are built.
+#    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only what
+#    the guests run is built: the test programs labelled verbs and mrcache-stress; with --pair,
+#    mrcache-mpi (and UCX's rcache module where libucx-dev is installed).
 # 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
-# 4. In the guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
+# 4. One guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs).
+#    --pair: `scripts/rxe-vm.sh pair`, nodea running scripts/rxe-pair-tests.sh BUILD (stress
+#    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report).
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
 # Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
-# seconds), and RXEVM_* for scripts/rxe-vm.sh.
+# seconds), RXEVM_* for scripts/rxe-vm.sh, MRC_PAIR_* for scripts/rxe-pair-tests.sh.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VM=$ROOT/scripts/rxe-vm.sh
 JOBS=${MRC_JOBS:-2}
 GUEST_TIMEOUT=${MRC_RXE_TIMEOUT:-600}
+PAIR=0
+case ${1:-} in
+  --pair) PAIR=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--pair]" >&2; exit 2 ;;
+esac
 
 declare -a timings=()
 lane_t0=$SECONDS
@@ -58,6 +69,10 @@ configure_build_dir() {
 # When no program is found that way (a label mechanism this does not know), every program under
 # tests/ is built: slower, never wrong, and ctest still fails when it selects nothing.
 needed_targets() {
+  if [ $PAIR = 1 ]; then
+    ninja -C "$BUILD" -t targets all | awk -F': ' '$1 ~ /(^|\/)mrcache-(mpi|ucx-rcache\.so)$/ { print $1 }'
+    return
+  fi
   local programs verbs
   programs=$(ninja -C "$BUILD" -t targets all | awk -F': ' '
     $2 ~ /^(C|CXX)_EXECUTABLE_LINKER__/ && $1 !~ /_tests\.cmake$/ &&
@@ -100,6 +115,9 @@ project_build() {
     targets=(all)  # not a Ninja tree: no cheap way to pick targets
   fi
   [ ${#targets[@]} = 0 ] || cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}"
+  if [ $PAIR = 1 ] && [ ! -x "$BUILD/tools/mpi/mrcache-mpi" ]; then
+    lane_fail "no mrcache-mpi in $BUILD (configure says why: no libopenmpi-dev, or MRC_WITH_VERBS=OFF)"
+  fi
   mkdir -p "$BUILD/rxe-selfcheck"
   gcc -std=c11 -O2 -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-prototypes -Werror \
     -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/tests/rxe/rxe_selfcheck.c" -libverbs
@@ -112,11 +130,15 @@ stage="guest run"
 t0=$SECONDS
 echo "=== rxe lane: guest run"
 set +e
-"$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
+if [ $PAIR = 1 ]; then
+  "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-pair-tests.sh" "$BUILD"
+else
+  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
+fi
 rc=$?
 set -e
 timings+=("guest run: $((SECONDS - t0)) s")
-[ $rc = 0 ] || lane_fail "guest tests exited $rc; see the rxe-lane summary above"
+[ $rc = 0 ] || lane_fail "guest tests exited $rc; see the summary above"
 trap - EXIT
 report
 echo "RXE-LANE: PASS"

@@ -7,8 +7,9 @@
 #   scripts/rxe-vm.sh run [OPTS] [--] [CMD...]
 #                                           boot, bring up rxe0/rxe1, run CMD in the guest, power off
 #   scripts/rxe-vm.sh all [OPTS] [--] [CMD...]  setup + build + run
-#   scripts/rxe-vm.sh pair [--timeout SEC] SCRIPT_A SCRIPT_B
-#                                           two guests on one private wire (see cmd_pair)
+#   scripts/rxe-vm.sh pair [--timeout SEC] [--b SCRIPT_B] [--] CMD...
+#                                           two guests on one private wire, CMD on the first
+#                                           (see cmd_pair)
 #     OPTS: --rw DIR       share host DIR read-write (e.g. the build dir); all else is read-only
 #           --timeout SEC  host-side bound on the whole guest run (default $RXEVM_TIMEOUT)
 #
@@ -621,30 +622,39 @@ cmd_run() {
 
 
 # ---------------------------------------------------------------------------------------------
-# pair [--timeout SEC] SCRIPT_A SCRIPT_B: two guests at once, nodea (10.77.0.1) and nodeb
+# pair [--timeout SEC] [--b SCRIPT_B] [--] CMD...: two guests at once, nodea (10.77.0.1) and nodeb
 # (10.77.0.2), each with rxe0 on its own virtio-net eth0 and no other link. The two NICs are
 # joined by QEMU's dgram netdev: UDP between 127.0.0.1:$RXEVM_WIRE_PORT and the next port, so the
 # wire never leaves the host's loopback and needs no tap, bridge or privilege (RXEVM_WIRE=udp,
-# socket or stream pick older or TCP spellings; TCP costs ~15x in latency). Each guest runs its
-# SCRIPT (bash, in the host's / under chroot, as in `run`) with RXE_NAME, RXE_IP, RXE_PEER,
+# socket or stream pick older or TCP spellings; TCP costs ~15x in latency). nodea runs CMD,
+# nodeb SCRIPT_B (default scripts/rxe-pair/serve.sh: the command channel nodea's
+# scripts/rxe-pair/agent.sh talks to, also Open MPI's rsh agent). Each runs
+# in the host's / under chroot, as in `run`, with RXE_NAME, RXE_IP, RXE_PEER,
 # RXE_GID (IPv4 RoCE v2 GID index) and RXE_GID_LL (link-local). B is expected to end when A's
-# script tells it to; it is killed by pid RXEVM_B_GRACE [30] seconds after A ends. Defaults
+# command tells it to; it is killed by pid RXEVM_B_GRACE [30] seconds after A ends. Defaults
 # differ from `run`: RXEVM_SMP 1, RXEVM_MEM 512, RXEVM_TB_SIZE 128 (MiB of TCG code cache), as
 # four vCPU threads on a 2-core host starve each other's pollers. A kernel Oops, BUG or panic on
-# either console fails the pair. Exit status: A's script's; 125 when a guest itself failed.
+# either console fails the pair. Exit status: CMD's; 125 when a guest itself failed.
 cmd_pair() {
-  local timeout=$TIMEOUT
-  if [ "${1:-}" = --timeout ]; then
-    [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 60 ] || fail 125 "--timeout wants seconds >= 60"
-    timeout=$2
-    shift 2
+  local timeout=$TIMEOUT sb
+  sb=$(dirname "$SELF")/rxe-pair/serve.sh
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --timeout) [ $# -ge 2 ] || usage; timeout=$2; shift 2 ;;
+      --b) [ $# -ge 2 ] || usage; sb=$2; shift 2 ;;
+      --) shift; break ;;
+      -*) usage ;;
+      *) break ;;
+    esac
+  done
+  if ! [[ $timeout =~ ^[0-9]+$ ]] || [ "$timeout" -lt 60 ]; then
+    fail 125 "--timeout wants seconds >= 60"
   fi
-  [ $# -eq 2 ] || usage
+  [ $# -gt 0 ] || usage
   GUEST_SMP=${RXEVM_SMP:-1} GUEST_MEM=${RXEVM_MEM:-512}
   export RXEVM_TB_SIZE=${RXEVM_TB_SIZE:-128}
-  local sa sb
-  sa=$(readlink -f "$1") sb=$(readlink -f "$2")
-  [ -f "$sa" ] && [ -f "$sb" ] || fail 125 "pair wants two script files"
+  sb=$(readlink -f "$sb")
+  [ -f "$sb" ] || fail 125 "pair: nodeb's script $sb is not a file"
   local port=${RXEVM_WIRE_PORT:-17701} grace=${RXEVM_B_GRACE:-30}
   local accel guest_timeout=$((timeout - 90))
   accel=$(accel_args)
@@ -655,7 +665,12 @@ cmd_pair() {
   local loga=$WORK/logs/pair-$stamp-a.log logb=$WORK/logs/pair-$stamp-b.log
   # shellcheck disable=SC2064
   trap "rm -rf '$ca' '$cb'" EXIT
-  printf '#!/bin/bash\ncd %q 2>/dev/null || cd /\nexec bash %q\n' "$PWD" "$sa" >"$ca/cmd.sh"
+  {
+    echo '#!/bin/bash'
+    printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+    printf '%q ' "$@"
+    echo
+  } >"$ca/cmd.sh"
   printf '#!/bin/bash\ncd %q 2>/dev/null || cd /\nexec bash %q\n' "$PWD" "$sb" >"$cb/cmd.sh"
   ss -Htuln "( sport = :$port or sport = :$((port + 1)) )" | grep -q . &&
     fail 125 "127.0.0.1:$port or $((port + 1)) is in use (set RXEVM_WIRE_PORT)"
@@ -688,6 +703,14 @@ cmd_pair() {
     *) fail 125 "RXEVM_WIRE must be dgram, udp, socket or stream" ;;
   esac
   log "wire: $wire on $lo:$port"
+  # The wire's sockets take the host's default receive buffer (212 KiB on Debian): less than
+  # one burst of RDMA READ responses, whose loss sends rxe into its retry paths (where the
+  # guest kernel's rxe has crashed). Raised while the guests start, when this may.
+  local rmem rmem_set=
+  rmem=$(cat /proc/sys/net/core/rmem_default 2>/dev/null || echo 0)
+  if [ "$rmem" -lt 8388608 ] && echo 8388608 2>/dev/null >/proc/sys/net/core/rmem_default; then
+    rmem_set=$rmem
+  fi
   boot nodea 10.77.0.1 10.77.0.2 52:54:00:77:00:01 "$na" "$ca" "$loga"
   pa=$!
   local n=0
@@ -701,7 +724,25 @@ cmd_pair() {
   boot nodeb 10.77.0.2 10.77.0.1 52:54:00:77:00:02 "$nb" "$cb" "$logb"
   pb=$!
   echo "$pa $pb" >"$ca/pids"  # for a caller that must end them by pid
+  if [ -n "$rmem_set" ]; then  # QEMU opens its sockets at start-up
+    for n in $(seq 100); do
+      [ "$(ss -Huln "( sport = :$port or sport = :$((port + 1)) )" | wc -l)" -ge 2 ] && break
+      sleep 0.1
+    done
+    echo "$rmem_set" >/proc/sys/net/core/rmem_default
+    log "wire sockets opened with an 8 MiB receive buffer (host default $rmem_set restored)"
+  fi
   local qa qb
+  # A nodeb whose kernel crashed leaves nodea's command waiting for it until its time-out: end
+  # nodea at once (the crash fails the pair below).
+  while kill -0 "$pa" 2>/dev/null; do
+    if ! kill -0 "$pb" 2>/dev/null && grep -qE 'Oops|BUG:|Kernel panic' "$logb"; then
+      log "nodeb's kernel crashed: ending nodea"
+      kill "$pa" 2>/dev/null
+      break
+    fi
+    sleep 1
+  done
   wait "$pa"; qa=$?
   log "nodea ended after $((SECONDS - t0)) s (qemu exit $qa)"
   n=0
@@ -715,7 +756,7 @@ cmd_pair() {
   local rca rcb
   rca=$(sed -n 's/^RC=//p' "$ca/status" | tail -1) rcb=$(sed -n 's/^RC=//p' "$cb/status" | tail -1)
   local oops
-  oops=$(grep -lE 'Oops|BUG:|Kernel panic' "$loga" "$logb" | tr '\n' ' ')
+  oops=$(grep -lE 'Oops|BUG:|Kernel panic' "$loga" "$logb" | tr '\n' ' ' || true)
   if [ -n "$oops" ]; then
     result FAIL "a guest kernel crashed (nodea rc=${rca:-none}); see $oops"
     return 125

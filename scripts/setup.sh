@@ -17,6 +17,8 @@ packages=(
   # tests, tools and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libucx-dev
   gnuplot-nox valgrind
+  # mrcache-mpi and the two-guest lane (Open MPI across the guests, socat for their agent)
+  libopenmpi-dev openmpi-bin socat
   # style checks
   clang-format clang-tidy
   # scripts: setpriv (unprivileged lane), ps/pgrep/sysctl, nm/readelf (binutils), realpath

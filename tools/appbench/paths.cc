@@ -1,11 +1,9 @@
 // Engines and paths of the application benchmark (paths.h).
 #include "tools/appbench/paths.h"
 
-#include <dlfcn.h>
-
 #include <stdexcept>
 
-#include "tools/appbench/ucx_module.h"
+#include "tools/ucx-rcache/loader.h"
 
 namespace appbench {
 
@@ -74,44 +72,15 @@ class Mrcache final : public Path {
   mrc_cache_t *cache_ = nullptr;
 };
 
-#define kModule "mrcache-appbench-ucx.so"
-
 class Ucx final : public Path {
  public:
-  explicit Ucx(const Engine &engine) {
-    // Next to this program (the build tree), else where it was installed.
-    char exe[4096];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
-    const std::string beside = dir.substr(0, dir.rfind('/') + 1) + kModule;
-    handle_ = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) handle_ = dlopen(MRC_APPBENCH_MODULE_DIR "/" kModule, RTLD_NOW);
-    if (handle_ == nullptr) {
-      throw std::runtime_error(std::string("ucx: no UCX module (") + dlerror() +
-                               "): install libucx-dev and rebuild");
-    }
-    auto api_fn = reinterpret_cast<AppbenchUcxApiFn>(dlsym(handle_, "mrc_appbench_ucx_api"));
-    if (api_fn == nullptr) throw std::runtime_error("ucx: the module has no API");
-    api_ = api_fn();
-    char err[256] = "";
-    rcache_ = api_->create(engine.ops(), engine.ctx(), err, sizeof err);
-    if (rcache_ == nullptr) throw std::runtime_error(std::string("ucx: ") + err);
-  }
-  // The module stays loaded: UCM's hooks stay in libc until the process ends.
-  ~Ucx() override { api_->destroy(rcache_); }
-  void *get(void *addr, size_t len) override {
-    char err[256] = "";
-    void *region = api_->get(rcache_, addr, len, err, sizeof err);
-    if (region == nullptr) throw std::runtime_error(err);
-    return region;
-  }
-  void put(void *token) override { api_->put(rcache_, token); }
-  std::string counters() override { return std::string("UCX ") + api_->version; }
+  explicit Ucx(const Engine &engine) : rcache_(engine.ops(), engine.ctx()) {}
+  void *get(void *addr, size_t len) override { return rcache_.get(addr, len); }
+  void put(void *token) override { rcache_.put(token); }
+  std::string counters() override { return std::string("UCX ") + rcache_.version(); }
 
  private:
-  void *handle_ = nullptr;
-  const AppbenchUcxApi *api_ = nullptr;
-  void *rcache_ = nullptr;
+  mrc_tools::UcxRcache rcache_;
 };
 
 }  // namespace

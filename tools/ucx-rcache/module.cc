@@ -1,5 +1,5 @@
-// mrcache-appbench-ucx.so: UCX's ucs_rcache over an mrcache backend table (ucx_module.h). Built
-// only where libucx-dev is installed.
+// mrcache-ucx-rcache.so: UCX's ucs_rcache over an mrcache backend table (api.h). Built only
+// where libucx-dev is installed.
 #include <stdio.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@ extern "C" {  // rcache.h has no C++ guard of its own
 #include <ucs/memory/rcache.h>
 }
 
-#include "tools/appbench/ucx_module.h"
+#include "tools/ucx-rcache/api.h"
 
 namespace {
 
@@ -63,7 +63,7 @@ void *create(const mrc_backend_t *engine, void *engine_ctx, char *err, size_t er
   params.max_regions = static_cast<unsigned long>(-1);
   params.max_size = static_cast<size_t>(-1);
   params.max_unreleased = static_cast<size_t>(-1);
-  ucs_status_t status = ucs_rcache_create(&params, "appbench", nullptr, &rc->rcache);
+  ucs_status_t status = ucs_rcache_create(&params, "mrc-tools", nullptr, &rc->rcache);
   if (status != UCS_OK) {
     snprintf(err, errlen, "ucs_rcache_create: %s", ucs_status_string(status));
     delete rc;
@@ -95,10 +95,12 @@ void destroy(void *rcache) {
   delete rc;
 }
 
-const AppbenchUcxApi kApi = {&create, &get, &put, &destroy, MRC_UCX_VERSION};
+void *engine_handle(void *region) { return static_cast<Region *>(region)->handle; }
+
+const MrcUcxRcacheApi kApi = {&create, &get, &put, &destroy, MRC_UCX_VERSION, &engine_handle};
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const AppbenchUcxApi *mrc_appbench_ucx_api(void) {
+extern "C" __attribute__((visibility("default"))) const MrcUcxRcacheApi *mrc_ucx_rcache_api(void) {
   return &kApi;
 }

@@ -1,6 +1,7 @@
-// The interface of mrcache-appbench-ucx.so, the module that holds UCX's ucs_rcache. The trial
-// dlopen()s it only when it runs the "ucx" path: loading libucs/libucm patches libc's memory
-// calls for the rest of the process, which must not touch the other paths' trials.
+// The interface of mrcache-ucx-rcache.so, the module that holds UCX's ucs_rcache for the tools
+// that compare against it (mrcache-appbench, mrcache-mpi). They dlopen() it (loader.h) only in
+// the runs that use UCX: loading libucs/libucm patches libc's memory calls for the rest of the
+// process, which must not touch the other paths' figures.
 #pragma once
 
 #include <stddef.h>
@@ -9,7 +10,7 @@
 
 extern "C" {
 
-struct AppbenchUcxApi {
+struct MrcUcxRcacheApi {
   // An rcache whose mem_reg/mem_dereg call engine->reg/dereg, with UCX's default memory hooks
   // (UCM_EVENT_VM_UNMAPPED). Returns NULL and writes the reason into err on failure.
   void *(*create)(const mrc_backend_t *engine, void *engine_ctx, char *err, size_t errlen);
@@ -18,9 +19,11 @@ struct AppbenchUcxApi {
   void (*put)(void *rcache, void *region);
   void (*destroy)(void *rcache);
   const char *version;
+  // The engine's handle of a region get returned (its registration: an ibv_mr for verbs).
+  void *(*engine_handle)(void *region);
 };
 
 // The module's one symbol.
-const AppbenchUcxApi *mrc_appbench_ucx_api(void);
-typedef const AppbenchUcxApi *(*AppbenchUcxApiFn)(void);
+const MrcUcxRcacheApi *mrc_ucx_rcache_api(void);
+typedef const MrcUcxRcacheApi *(*MrcUcxRcacheApiFn)(void);
 }
