@@ -30,7 +30,8 @@
 # Environment (defaults in brackets):
 #   RXEVM_WORK [/var/tmp/mrcache-rxe-vm]  cache: unpacked kernel, initramfs, logs
 #   RXEVM_KERNEL_META [linux-image-6.12-amd64 linux-image-amd64]  first meta package that resolves
-#       names the guest kernel. 6.12 first: the cache relies on userfaultfd WP_ASYNC (6.7+) and
+#       names the guest kernel (an image package, e.g. linux-image-6.12.100+deb12-amd64, names
+#       itself). 6.12 first: the cache relies on userfaultfd WP_ASYNC (6.7+) and
 #       PROCMAP_QUERY (6.11+), which bookworm's 6.1 lacks.
 #   RXEVM_TIMEOUT [900]  RXEVM_MEM [1024] MiB  RXEVM_SMP [2]  RXEVM_MTU [1500]
 #   RXEVM_ACCEL [auto: kvm when usable, else tcg]  RXEVM_APPEND [quiet] extra kernel arguments,
@@ -114,8 +115,12 @@ apt_update() {
 resolve_kernel() {
   local meta name version
   for meta in $KERNEL_META; do
-    name=$(apt-cache depends "$meta" 2>/dev/null |
-      awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')
+    if [[ $meta =~ ^linux-image-[0-9] ]]; then  # an image package itself, not a meta package
+      name=$meta
+    else
+      name=$(apt-cache depends "$meta" 2>/dev/null |
+        awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')
+    fi
     [ -n "$name" ] || continue
     version=$(apt-cache show --no-all-versions "$name" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
     [ -n "$version" ] && { echo "$name $version"; return 0; }
@@ -348,7 +353,7 @@ sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
 ip link set lo up
 if [ -n "$NODE_IP" ]; then
   # Two-node mode: one guest of a pair. rxe0 on the virtio-net NIC eth0, whose other end is the
-  # peer guest's eth0 (QEMU -netdev socket over host loopback). IPv4 only on this private wire.
+  # peer guest's eth0 (QEMU's dgram netdev over the host's loopback). IPv4 only on this wire.
   hostname "${NODE_NAME:-node}"
   ip link set eth0 mtu "$MTU" up || die "no eth0 (virtio-net) in two-node mode"
   ip addr add "$NODE_IP" dev eth0 || die "ip addr add $NODE_IP failed"
@@ -663,6 +668,9 @@ cmd_pair() {
   ca=$(mktemp -d "$WORK/runs/a.XXXXXX") cb=$(mktemp -d "$WORK/runs/b.XXXXXX")
   stamp=$(date +%Y%m%d-%H%M%S)-$$
   local loga=$WORK/logs/pair-$stamp-a.log logb=$WORK/logs/pair-$stamp-b.log
+  # Keep the 30 newest.
+  find "$WORK/logs" -name 'pair-*.log' -printf '%T@ %p\n' | sort -rn | tail -n +31 |
+    cut -d' ' -f2- | xargs -r rm -f
   # shellcheck disable=SC2064
   trap "rm -rf '$ca' '$cb'" EXIT
   {

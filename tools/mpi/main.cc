@@ -92,8 +92,10 @@ int main(int argc, char **argv) {
                 "rounds between dead-key probes (0: at the end only)")
       ->check(mrc_tools::unsigned_range(0, 1000000))
       ->capture_default_str();
-  s->add_option("--probes", stress.probes, "deregistered keys tried per probe")
-      ->check(mrc_tools::unsigned_range(1, 8))
+  s->add_option("--probes", stress.probes,
+                "deregistered keys tried per probe (0: none; each try ends in a remote access "
+                "error)")
+      ->check(mrc_tools::unsigned_range(0, 8))
       ->capture_default_str();
   bool no_fork = false;
   s->add_flag("--no-fork", no_fork, "leave fork out of the mutations");

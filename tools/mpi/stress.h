@@ -22,7 +22,7 @@ struct StressOptions {
   unsigned slots = 8;        // buffers per rank
   double mutate = 0.35;      // probability that a slot's memory changes in a round
   unsigned probe_every = 8;  // rounds between dead-key probes (0 = only at the end)
-  unsigned probes = 4;       // keys per probe
+  unsigned probes = 4;       // keys per probe (0 = none)
   bool fork = true;          // fork among the mutations
   uint64_t seed = 1;
 };
