@@ -16,7 +16,8 @@
 # 4. One guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs).
 #    --pair: `scripts/rxe-vm.sh pair`, nodea running scripts/rxe-pair-tests.sh BUILD (stress
-#    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report).
+#    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report);
+#    again, up to MRC_PAIR_ATTEMPTS [3] times in all, when a guest's kernel crashed.
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
 # Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
@@ -131,7 +132,20 @@ t0=$SECONDS
 echo "=== rxe lane: guest run"
 set +e
 if [ $PAIR = 1 ]; then
-  "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-pair-tests.sh" "$BUILD"
+  # The guests' rdma_rxe crashes its kernel now and then under this traffic, with mrcache out
+  # of the picture too (docs/DESIGN.md, the soft-RoCE guests): a pair that ended that way has no
+  # verdict on mrcache and runs again, at most MRC_PAIR_ATTEMPTS [3] times in all. Any other
+  # failure is final.
+  pair_log=$(mktemp /tmp/mrcache-rxe-pair.XXXXXX)
+  for attempt in $(seq "${MRC_PAIR_ATTEMPTS:-3}"); do
+    "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-pair-tests.sh" "$BUILD" |
+      tee "$pair_log"
+    rc=${PIPESTATUS[0]}
+    grep -q '^RXEVM-RESULT: FAIL (a guest kernel crashed' "$pair_log" || break
+    timings+=("attempt $attempt: ended by a guest kernel crash (rdma_rxe)")
+    echo "=== rxe lane: attempt $attempt ended by a guest kernel crash; the pair runs again"
+  done
+  rm -f "$pair_log"
 else
   "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
 fi

@@ -10,7 +10,7 @@
 #   stress-*     mrcache-mpi stress: exact, fast, and exact with 2 ranks per node
 #   bench-*      mrcache-mpi bench through exact, fast, ucx and none, then its report
 #
-# Environment: MRC_PAIR_STRESS_SECONDS [40] (the exact 2-rank stress; the others run half),
+# Environment: MRC_PAIR_STRESS_SECONDS [30] (the exact 2-rank stress; the others run half),
 # MRC_PAIR_BENCH_ARGS [--sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m],
 # MRC_PAIR_BENCH_REPS [1], MRC_PAIR_PROBES [0] (deregistered keys each rank tries at the end of
 # each stress run).
@@ -25,7 +25,7 @@ build=$(cd "$1" && pwd)
 mpi=$build/tools/mpi/mrcache-mpi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 agent=$here/rxe-pair/agent.sh
-stress_seconds=${MRC_PAIR_STRESS_SECONDS:-40}
+stress_seconds=${MRC_PAIR_STRESS_SECONDS:-30}
 read -r -a bench_args <<<"${MRC_PAIR_BENCH_ARGS:---sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m}"
 bench_reps=${MRC_PAIR_BENCH_REPS:-1}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

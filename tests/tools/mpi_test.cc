@@ -31,6 +31,8 @@ TEST(MpiTool, BadArgumentsAreUsageErrorsNamingTheOption) {
       {"stress --seconds nan", "--seconds"},
       {"stress --probes 9", "--probes"},
       {"stress --probes -1", "--probes"},
+      {"stress --mutations fork,bogus", "--mutations"},
+      {"stress --mutations ''", "--mutations"},
       {"stress --gid-index -1", "--gid-index"},
       {"bench --k 0", "--k"},
       {"bench --k 1,,inf", "--k"},

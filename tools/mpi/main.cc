@@ -97,8 +97,10 @@ int main(int argc, char **argv) {
                 "error)")
       ->check(mrc_tools::unsigned_range(0, 8))
       ->capture_default_str();
-  bool no_fork = false;
-  s->add_flag("--no-fork", no_fork, "leave fork out of the mutations");
+  std::string mutations = "all";
+  s->add_option("--mutations", mutations,
+                "kinds of mutation, comma-separated: replace, map-fixed, madvise, remap, shrink, "
+                "fork (default all)");
   s->add_option("--seed", stress.seed, "random seed")
       ->check(mrc_tools::unsigned_range(0, UINT64_MAX));
   s->add_option("--device", stress.device, "RDMA device (default: the first)");
@@ -137,7 +139,12 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  stress.fork = !no_fork;
+  if (!mrc_mpi::parse_mutations(mutations, &stress.mutations)) {
+    fprintf(stderr,
+            "mrcache-mpi stress: --mutations: want all, or some of replace, map-fixed, "
+            "madvise, remap, shrink, fork\n");
+    return 2;
+  }
   if (!for_each_item(
           sizes,
           [&](const std::string &item) {

@@ -129,7 +129,8 @@ struct Slot {
 
 class Owner {
  public:
-  Owner(unsigned slots, uint64_t seed, bool fork) : slots_(slots), rng_(seed), fork_(fork) {
+  Owner(unsigned slots, uint64_t seed, unsigned mutations)
+      : slots_(slots), rng_(seed), mutations_(mutations) {
     for (Slot &s : slots_) allocate(s);
   }
   ~Owner() {
@@ -142,8 +143,9 @@ class Owner {
     std::uniform_real_distribution<double> coin(0, 1);
     for (Slot &s : slots_) {
       if (coin(rng_) >= probability) continue;
+      if ((mutations_ & ((1U << kMutations) - 1)) == 0) return;
       auto m = static_cast<Mutation>(rng_() % kMutations);
-      if (m == kFork && !fork_) m = kReplace;
+      while ((mutations_ & (1U << m)) == 0) m = static_cast<Mutation>((m + 1) % kMutations);
       if (s.heap && m != kFork) m = kReplace;  // the allocator owns the mapping
       apply(s, m);
       ++counters->mutations[m];
@@ -216,7 +218,7 @@ class Owner {
 
   std::vector<Slot> slots_;
   std::mt19937_64 rng_;
-  bool fork_;
+  unsigned mutations_;
 };
 
 // The landing buffer a reader reads into and writes from: one kMaxPages area per slot,
@@ -249,7 +251,7 @@ class StressRun {
         fabric_(comm, o.device, o.gid_index, 1 + 2 * static_cast<int>(o.probes)),
         ledger_(fabric_.pd()),
         path_(make_path(o.path, &ledger_)),
-        owner_(o.slots, o.seed * 7919 + static_cast<uint64_t>(fabric_.rank()), o.fork),
+        owner_(o.slots, o.seed * 7919 + static_cast<uint64_t>(fabric_.rank()), o.mutations),
         landing_(fabric_.pd(), o.slots),
         exposed_(o.slots),
         incoming_(o.slots),
@@ -448,6 +450,24 @@ class StressRun {
 };
 
 }  // namespace
+
+bool parse_mutations(const std::string &list, unsigned *mask) {
+  if (list == "all") {
+    *mask = (1U << kMutations) - 1;
+    return true;
+  }
+  *mask = 0;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, end - start);
+    unsigned m = 0;
+    while (m < kMutations && name != kMutationNames[m]) ++m;
+    if (m == kMutations) return false;
+    *mask |= 1U << m;
+    start = end + 1;
+  }
+  return true;
+}
 
 int run_stress(const StressOptions &o, MPI_Comm comm) {
   const World world(comm);

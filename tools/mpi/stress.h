@@ -23,9 +23,13 @@ struct StressOptions {
   double mutate = 0.35;      // probability that a slot's memory changes in a round
   unsigned probe_every = 8;  // rounds between dead-key probes (0 = only at the end)
   unsigned probes = 4;       // keys per probe (0 = none)
-  bool fork = true;          // fork among the mutations
+  unsigned mutations = ~0U;  // a bit per kind of mutation, in parse_mutations' order
   uint64_t seed = 1;
 };
+
+// "all", or kinds of mutation separated by commas: replace, map-fixed, madvise, remap, shrink,
+// fork. False for an unknown kind or an empty list.
+bool parse_mutations(const std::string &list, unsigned *mask);
 
 // Collective over comm. Rank 0 prints the report. Returns the exit status: 0 when no stale
 // read or write, error, leak or key valid after its deregistration was seen on any rank.
