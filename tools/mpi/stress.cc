@@ -534,18 +534,23 @@ int run_stress(const StressOptions &o, MPI_Comm comm) {
     for (unsigned m = 0; m < kMutations; ++m) {
       printf(" %s %lu", kMutationNames[m], static_cast<unsigned long>(sum.mutations[m]));
     }
-    printf(
-        "\n  stale reads %lu, stale writes %lu, errors %lu, leaks %lu, keys valid after "
-        "deregistration %lu of %lu tried; the others failed with",
-        static_cast<unsigned long>(sum.stale_reads), static_cast<unsigned long>(sum.stale_writes),
-        static_cast<unsigned long>(sum.errors), static_cast<unsigned long>(sum.leaks),
-        static_cast<unsigned long>(sum.valid_after_dereg), static_cast<unsigned long>(sum.probes));
-    for (unsigned st = 0; st < kProbeStatuses; ++st) {
-      if (sum.probe_statuses[st] == 0) continue;
-      printf(" %s %lu", ibv_wc_status_str(static_cast<ibv_wc_status>(st)),
-             static_cast<unsigned long>(sum.probe_statuses[st]));
+    printf("\n  stale reads %lu, stale writes %lu, errors %lu, leaks %lu\n",
+           static_cast<unsigned long>(sum.stale_reads),
+           static_cast<unsigned long>(sum.stale_writes), static_cast<unsigned long>(sum.errors),
+           static_cast<unsigned long>(sum.leaks));
+    if (sum.probes == 0) {
+      printf("  deregistered keys: none tried (--probes 0)\n");
+    } else {
+      printf("  deregistered keys: %lu tried, %lu still worked; the others failed with",
+             static_cast<unsigned long>(sum.probes),
+             static_cast<unsigned long>(sum.valid_after_dereg));
+      for (unsigned st = 0; st < kProbeStatuses; ++st) {
+        if (sum.probe_statuses[st] == 0) continue;
+        printf(" %s %lu", ibv_wc_status_str(static_cast<ibv_wc_status>(st)),
+               static_cast<unsigned long>(sum.probe_statuses[st]));
+      }
+      printf("\n");
     }
-    printf("\n");
     if (first[0] != '\0') printf("  first problem: %s\n", first.data());
     printf("mrcache-mpi stress: %s\n", failed ? "FAILED" : "PASSED");
     fflush(stdout);
