@@ -7,7 +7,8 @@
 #
 # Steps:
 #   agent        nodeb's command channel answers (scripts/rxe-pair/agent.sh)
-#   stress-*     mrcache-mpi stress: exact, fast, and exact with 2 ranks per node
+#   stress-*     mrcache-mpi stress: exact, fast, and exact with 2 ranks per node; then
+#                through a cache that never invalidates, which must fail (the oracle's control)
 #   bench-*      mrcache-mpi bench through exact, fast, ucx and none, then its report
 #
 # Environment: MRC_PAIR_STRESS_SECONDS [30] (the exact 2-rank stress; the others run half),
@@ -96,6 +97,15 @@ step stress-fast mpirun_pair 2 "$mpi" stress --path fast --seconds $((stress_sec
   "${probe_args[@]}"
 step stress-exact-2-per-node mpirun_pair 4 "$mpi" stress --path exact \
   --seconds $((stress_seconds / 2)) "${probe_args[@]}"
+# The oracle's control: through a cache that never invalidates, the stress must see stale memory
+# and fail. A pass here would mean the checks above cannot fail.
+oracle_catches_a_stale_cache() {
+  local out
+  out=$(mpirun_pair 2 "$mpi" stress --path stale --seconds 10 --probes 0 2>&1)
+  echo "$out" | grep -E 'stale reads|first problem|stress: (PASSED|FAILED)'
+  grep -q 'mrcache-mpi stress: FAILED' <<<"$out" && grep -qE 'stale reads [1-9]' <<<"$out"
+}
+step stress-oracle-control oracle_catches_a_stale_cache
 step bench bench_all
 step bench-report "$mpi" report "$bench_out"
 echo "rxe0 counters, $(hostname): $(bash -c "$counters")"

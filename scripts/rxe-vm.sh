@@ -501,6 +501,32 @@ accel_args() {
   esac
 }
 
+# What every boot needs: a timeout with room for boot, QEMU, a kernel and an initramfs.
+check_bootable() {  # check_bootable TIMEOUT
+  if ! [[ $1 =~ ^[0-9]+$ ]] || [ "$1" -lt 60 ]; then
+    fail 125 "--timeout wants seconds >= 60"
+  fi
+  command -v qemu-system-x86_64 >/dev/null || fail 125 "qemu-system-x86_64 missing: run setup"
+  if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
+    fail 125 "no guest kernel/initramfs in $WORK: run setup and build first"
+  fi
+  if [ -f "$WORK/kernel/.key" ] && [ "$(cat "$WORK/initramfs.key" 2>/dev/null)" != "$(initramfs_key)" ]; then
+    log "warning: the initramfs is older than its inputs: run build"
+  fi
+}
+
+# The script a guest's /init runs: CMD in the caller's working directory (or /).
+write_cmd() {  # write_cmd FILE CMD...
+  local file=$1
+  shift
+  {
+    echo '#!/bin/bash'
+    printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+    printf '%q ' "$@"
+    echo
+  } >"$file"
+}
+
 cmd_run() {
   local rw="" timeout=$TIMEOUT
   while [ $# -gt 0 ]; do
@@ -512,16 +538,7 @@ cmd_run() {
       *) break ;;
     esac
   done
-  if ! [[ $timeout =~ ^[0-9]+$ ]] || [ "$timeout" -lt 60 ]; then
-    fail 125 "--timeout wants seconds >= 60"
-  fi
-  command -v qemu-system-x86_64 >/dev/null || fail 125 "qemu-system-x86_64 missing: run setup"
-  if [ ! -f "$WORK/vmlinuz" ] || [ ! -f "$WORK/initramfs.cpio.gz" ]; then
-    fail 125 "no guest kernel/initramfs in $WORK: run setup and build first"
-  fi
-  if [ -f "$WORK/kernel/.key" ] && [ "$(cat "$WORK/initramfs.key" 2>/dev/null)" != "$(initramfs_key)" ]; then
-    log "warning: the initramfs is older than its inputs: run build"
-  fi
+  check_bootable "$timeout"
 
   mkdir -p "$WORK/runs" "$WORK/logs"
   local ctl
@@ -530,12 +547,7 @@ cmd_run() {
   trap "rm -rf '$ctl'" EXIT
   local -a share=(-virtfs "local,path=$ctl,mount_tag=rxevmctl,security_model=none")
   if [ $# -gt 0 ]; then
-    {
-      echo '#!/bin/bash'
-      printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
-      printf '%q ' "$@"
-      echo
-    } >"$ctl/cmd.sh"
+    write_cmd "$ctl/cmd.sh" "$@"
     # multidevs=remap: the host's / spans several filesystems whose inode numbers would collide.
     share+=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
   fi
@@ -652,10 +664,8 @@ cmd_pair() {
       *) break ;;
     esac
   done
-  if ! [[ $timeout =~ ^[0-9]+$ ]] || [ "$timeout" -lt 60 ]; then
-    fail 125 "--timeout wants seconds >= 60"
-  fi
   [ $# -gt 0 ] || usage
+  check_bootable "$timeout"
   GUEST_SMP=${RXEVM_SMP:-1} GUEST_MEM=${RXEVM_MEM:-512}
   export RXEVM_TB_SIZE=${RXEVM_TB_SIZE:-128}
   sb=$(readlink -f "$sb")
@@ -673,13 +683,8 @@ cmd_pair() {
     cut -d' ' -f2- | xargs -r rm -f
   # shellcheck disable=SC2064
   trap "rm -rf '$ca' '$cb'" EXIT
-  {
-    echo '#!/bin/bash'
-    printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
-    printf '%q ' "$@"
-    echo
-  } >"$ca/cmd.sh"
-  printf '#!/bin/bash\ncd %q 2>/dev/null || cd /\nexec bash %q\n' "$PWD" "$sb" >"$cb/cmd.sh"
+  write_cmd "$ca/cmd.sh" "$@"
+  write_cmd "$cb/cmd.sh" bash "$sb"
   ss -Htuln "( sport = :$port or sport = :$((port + 1)) )" | grep -q . &&
     fail 125 "127.0.0.1:$port or $((port + 1)) is in use (set RXEVM_WIRE_PORT)"
   local common="console=ttyS0 panic=-1 rxevm.timeout=$guest_timeout rxevm.mtu=$GUEST_MTU $GUEST_APPEND"

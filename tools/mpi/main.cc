@@ -75,8 +75,10 @@ int main(int argc, char **argv) {
   mrc_mpi::StressOptions stress;
   stress.gid_index = default_gid_index();
   CLI::App *s = app.add_subcommand("stress", "mutate buffers under the cache; peers check them");
-  s->add_option("--path", stress.path, "exact (default), fast, ucx or none")
-      ->check(CLI::IsMember({"exact", "fast", "ucx", "none"}));
+  s->add_option("--path", stress.path,
+                "exact (default), fast, ucx, none, or stale (a cache that never invalidates: the "
+                "oracle's control, which must fail)")
+      ->check(CLI::IsMember({"exact", "fast", "ucx", "none", "stale"}));
   s->add_option("--seconds", stress.seconds, "run this long (when --rounds is 0)")
       ->check(mrc_tools::finite_range(0, 1e6))
       ->capture_default_str();

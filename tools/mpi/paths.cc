@@ -2,7 +2,9 @@
 
 #include <infiniband/verbs.h>
 
+#include <map>
 #include <stdexcept>
+#include <utility>
 
 #include "tools/ucx-rcache/loader.h"
 
@@ -37,6 +39,34 @@ class NoCache final : public RegPath {
 
  private:
   KeyLedger *ledger_;
+};
+
+// The oracle's control: a cache that never learns of unmaps. It hands out the registration it
+// made for the same start and length, whatever became of the memory there since.
+class NeverInvalidated final : public RegPath {
+ public:
+  explicit NeverInvalidated(KeyLedger *ledger) : ledger_(ledger) {}
+  ~NeverInvalidated() override {
+    for (const auto &[range, handle] : cached_) ledger_->ops()->dereg(ledger_->ctx(), handle);
+  }
+  Registration get(void *addr, size_t len) override {
+    void *&handle = cached_[{addr, len}];
+    if (handle == nullptr) {
+      uint64_t key = 0;
+      const mrc_status_t status =
+          ledger_->ops()->reg(ledger_->ctx(), addr, len, kReadWrite, &handle, &key);
+      if (status != MRC_OK) {
+        cached_.erase({addr, len});
+        throw std::runtime_error(std::string("ibv_reg_mr: ") + mrc_status_string(status));
+      }
+    }
+    return of_handle(handle, handle);
+  }
+  void put(const Registration &) override {}
+
+ private:
+  KeyLedger *ledger_;
+  std::map<std::pair<void *, size_t>, void *> cached_;
 };
 
 class Mrcache final : public RegPath {
@@ -102,7 +132,8 @@ std::unique_ptr<RegPath> make_path(const std::string &name, KeyLedger *ledger) {
   if (name == "fast") return std::make_unique<Mrcache>(ledger, true);
   if (name == "none") return std::make_unique<NoCache>(ledger);
   if (name == "ucx") return std::make_unique<Ucx>(ledger);
-  throw std::runtime_error("unknown path '" + name + "' (exact, fast, ucx, none)");
+  if (name == "stale") return std::make_unique<NeverInvalidated>(ledger);
+  throw std::runtime_error("unknown path '" + name + "' (exact, fast, ucx, none, stale)");
 }
 
 }  // namespace mrc_mpi

@@ -34,8 +34,9 @@ class RegPath {
   virtual void purge() {}
 };
 
-// name: "exact", "fast", "ucx" or "none". Throws std::runtime_error for an unknown name or a
-// path this build cannot run ("ucx" without libucx-dev), with the reason.
+// name: "exact", "fast", "ucx", "none", or "stale": a cache that never invalidates, the stress
+// oracle's control (it must see stale memory). Throws std::runtime_error for an unknown name
+// or a path this build cannot run ("ucx" without libucx-dev), with the reason.
 std::unique_ptr<RegPath> make_path(const std::string &name, KeyLedger *ledger);
 
 }  // namespace mrc_mpi

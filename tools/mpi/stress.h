@@ -14,7 +14,7 @@
 namespace mrc_mpi {
 
 struct StressOptions {
-  std::string path = "exact";  // exact, fast, ucx, none (paths.h)
+  std::string path = "exact";  // exact, fast, ucx, none, stale (paths.h)
   std::string device;          // "" = the first RDMA device
   int gid_index = -1;          // < 0: the port's default (fabric.h)
   uint64_t rounds = 0;         // 0 = until `seconds`
