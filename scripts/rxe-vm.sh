@@ -115,12 +115,11 @@ apt_update() {
 resolve_kernel() {
   local meta name version
   for meta in $KERNEL_META; do
-    if [[ $meta =~ ^linux-image-[0-9] ]]; then  # an image package itself, not a meta package
-      name=$meta
-    else
-      name=$(apt-cache depends "$meta" 2>/dev/null |
-        awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')
-    fi
+    name=$(apt-cache depends "$meta" 2>/dev/null |
+      awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')
+    # No kernel among its dependencies: an image package itself (linux-image-6.12.100+deb12-amd64)
+    # rather than a meta package (linux-image-6.12-amd64).
+    [ -n "$name" ] || [[ ! $meta =~ ^linux-image-[0-9] ]] || name=$meta
     [ -n "$name" ] || continue
     version=$(apt-cache show --no-all-versions "$name" 2>/dev/null | awk '/^Version:/ {print $2; exit}')
     [ -n "$version" ] && { echo "$name $version"; return 0; }
