@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -19,8 +20,10 @@
 #include <mutex>
 
 #include "base/futex.h"
+#include "base/ticks.h"
 #include "base/proc_maps.h"
 #include "uffd/internal.h"
+#include "uffd/kernel.h"
 #include "uffd/modes.h"
 #include "uffd/monitor_state.h"
 #include "uffd/negotiation.h"
@@ -105,6 +108,54 @@ uint64_t default_vma_budget() noexcept {
   }
   // A quarter of the ceiling: the rest stays the application's.
   return max_map_count / 4;
+}
+
+// What an application's unmap of watched memory waits for the monitor: the median of three
+// unmaps of a watched scratch page less the median of three plain ones, on this thread (the
+// application's first watching thread, bound as the application binds it). 0 when it cannot be
+// measured (no memory, the registration refused, a test has paused the monitor). The churn
+// learner weighs it against what caching saves (docs/DESIGN.md, "Churn"); about a tenth of a
+// millisecond once per monitor start.
+uint64_t measure_round_trip() noexcept {
+  if (g_paused.load(std::memory_order_relaxed)) return 0;
+  const size_t page = g_monitor.run.page_size;
+  constexpr int kSamples = 3;
+  uint64_t watched[kSamples];
+  uint64_t plain[kSamples];
+  for (int i = 0; i < kSamples; ++i) {
+    void *scratch =
+        mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (scratch == MAP_FAILED) return 0;
+    uffdio_register request{};
+    request.range.start = reinterpret_cast<uintptr_t>(scratch);
+    request.range.len = page;
+    request.mode = g_monitor.register_mode;
+    if (ioctl(g_monitor.uffd, UFFDIO_REGISTER, &request) != 0) {
+      munmap(scratch, page);
+      return 0;
+    }
+    g_monitor.run.scratch.store(request.range.start, std::memory_order_release);
+    uint64_t begin = os::ticks();
+    munmap(scratch, page);
+    watched[i] = os::ticks() - begin;
+    // The monitor clears it right after its read, which let the munmap return.
+    for (int spins = 0; g_monitor.run.scratch.load(std::memory_order_acquire) != 0; ++spins) {
+      if (spins == 10000) {
+        g_monitor.run.scratch.store(0, std::memory_order_release);  // published then: harmless
+        break;
+      }
+      sched_yield();
+    }
+    void *other = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (other == MAP_FAILED) return 0;
+    begin = os::ticks();
+    munmap(other, page);
+    plain[i] = os::ticks() - begin;
+  }
+  std::sort(watched, watched + kSamples);
+  std::sort(plain, plain + kSamples);
+  return watched[kSamples / 2] > plain[kSamples / 2] ? watched[kSamples / 2] - plain[kSamples / 2]
+                                                     : 0;
 }
 
 }  // namespace
@@ -245,9 +296,11 @@ void start_locked() noexcept {
   config.brk_heap_start = os::brk_heap_start();
   g_monitor.watches.reset(config);
   MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());
+  g_monitor.round_trip_ticks.store(measure_round_trip(), std::memory_order_relaxed);
 }
 
 void stop_locked() noexcept {
+  g_monitor.round_trip_ticks.store(0, std::memory_order_relaxed);
   if (g_monitor.running) {
     g_monitor.run.stop.store(true, std::memory_order_release);
     const uint64_t one = 1;
@@ -344,6 +397,10 @@ void ensure_fork_handlers() noexcept { pthread_once(&g_atfork_once, install_fork
 namespace mrc::uffd {
 
 using detail::g_monitor;
+
+uint64_t Monitor::round_trip_ticks() noexcept {
+  return g_monitor.round_trip_ticks.load(std::memory_order_relaxed);
+}
 
 // ---- Monitor::info ----
 

@@ -73,6 +73,10 @@ struct MonitorRun {
   bool closed_uffd = false;  // set by the monitor thread; read by the stopper after join
   // LoopKind: NotStarted until the monitor thread runs our code (its starter waits for that).
   std::atomic<uint32_t> loop{0};
+  // The start of the one-page scratch mapping whose unmap measures the round trip
+  // (measure_round_trip in monitor.cc), 0 when none: the monitor reads its event and clears this
+  // (release), publishing and counting nothing; no cache ever watched or registered that page.
+  std::atomic<uint64_t> scratch{0};
 };
 
 // What MonitorState::probe_fd holds when no descriptor answers the probe.
@@ -111,6 +115,10 @@ struct MonitorState {
   // (release) by start_locked() before any range is watched, kProbeNoMonitor before the
   // descriptor is closed; it changes only while no cache exists, or in a forked child.
   std::atomic<int> probe_fd{-1};
+  // What an unmap of watched memory costs the unmapping thread beyond a plain unmap (the
+  // monitor's round trip), in os::ticks(): measured by start_locked(), 0 while unknown. Read
+  // without the lock (relaxed) by Monitor::round_trip_ticks(): an estimate, never an order.
+  std::atomic<uint64_t> round_trip_ticks{0};
 
   // Test controls.
   std::atomic<size_t> queue_capacity{0};

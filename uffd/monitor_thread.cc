@@ -37,6 +37,15 @@ void publish(MonitorRun *run, InvalidationKind kind, uint64_t start, uint64_t en
       Invalidation{static_cast<uintptr_t>(start), static_cast<uintptr_t>(end), kind});
 }
 
+// The unmap of the round-trip measurement's own page (monitor_state.h, MonitorRun::scratch): the
+// one event matching it is neither published nor counted, and its owner learns that it was read.
+bool is_scratch(MonitorRun *run, uint64_t start, uint64_t end) noexcept {
+  const uint64_t scratch = run->scratch.load(std::memory_order_acquire);
+  if (scratch == 0 || start != scratch || end != scratch + run->page_size) return false;
+  run->scratch.store(0, std::memory_order_release);
+  return true;
+}
+
 void resolve_fault(const MonitorRun *run, uint64_t address, uint64_t flags) noexcept {
   const uint64_t page = run->page_size;
   const uint64_t start = address & ~(page - 1);
@@ -81,6 +90,7 @@ void service(MonitorRun *run) noexcept {
       const uffd_msg &message = messages[i];
       switch (message.event) {
         case UFFD_EVENT_UNMAP:
+          if (is_scratch(run, message.arg.remove.start, message.arg.remove.end)) break;
           publish(run, InvalidationKind::Unmap, message.arg.remove.start, message.arg.remove.end);
           ++events;
           break;

@@ -32,6 +32,9 @@ class Monitor {
  public:
   // The mode (negotiating it if the monitor never ran), why, and counters.
   static void info(mrc_monitor_info_t *out) noexcept;
+  // What an application's unmap of watched memory waits for the monitor (os::ticks(), beyond a
+  // plain unmap), measured when the monitor started; 0 if none runs or it could not be measured.
+  static uint64_t round_trip_ticks() noexcept;
 };
 
 }  // namespace mrc::uffd

@@ -208,6 +208,8 @@ class Cache {
   void drain_locked() noexcept;
   void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept;
   void remove_locked(Region *region) noexcept;
+  // Whether a cached region's reuses saved more than its watch and its unmap cost.
+  static bool caching_paid(const Region &region) noexcept;
   bool over_bound_locked() const noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;

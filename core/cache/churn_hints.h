@@ -1,9 +1,10 @@
 // Which ranges churn: their cached registrations end by an event (munmap, mremap, madvise) before
-// any get used them again. Caching such a range only made the application's munmap wait for the
-// monitor and the cache deregister later what no cache would have deregistered at the put; a
-// miss there registers uncached (no watch, deregistered at the last put) instead, which costs
-// what no cache costs. Every so often a miss of a churning range is cached anyway (a sample):
-// one that a get uses again ends the churn, and caching is back (docs/DESIGN.md, "Churn").
+// caching them paid, i.e. before gets used them again often enough that the registrations they
+// saved outweigh the watch and the unmap's round trip to the monitor (Cache::caching_paid; a
+// range never used again never pays). Caching such a range only made the application's munmap
+// wait for the monitor. A miss there registers uncached (no watch, deregistered at the last put)
+// instead, which costs what no cache costs. Every so often a miss of a churning range is cached
+// anyway (a sample): one that pays ends the churn, and caching is back (docs/DESIGN.md, "Churn").
 //
 // SYNCHRONIZATION: the cache's mutex_ guards all of it (slow path only; the hit path never
 // reads it). Keyed by the registration's first page, in a small direct-mapped table: a range
@@ -17,15 +18,15 @@ namespace mrc {
 
 class ChurnHints {
  public:
-  // A cached region starting at `start` left the table by an event; `used_again`: some get hit
-  // it after the one that registered it (its CLOCK bit).
-  void on_event_removed(uintptr_t start, bool used_again) noexcept {
+  // A cached region starting at `start` left the table by an event; `paid`: caching it saved
+  // more than it cost (Cache::caching_paid).
+  void on_event_removed(uintptr_t start, bool paid) noexcept {
     Entry &entry = entries_[slot(start)];
     if (entry.start != start) {
-      if (used_again) return;
+      if (paid) return;
       entry = Entry{start, 0, 0, kFirstSample};
     }
-    if (used_again) {
+    if (paid) {
       entry.churns = 0;
       entry.sample_every = kFirstSample;
     } else if (entry.churns < kChurnsToSkip) {
@@ -52,8 +53,8 @@ class ChurnHints {
   // A churning range's misses cache one in sample_every on average: 16 at first, doubling while
   // the samples churn, up to 1024 (a sample costs a watch and an unmap's round trip to the
   // monitor). The gaps are drawn from [sample_every/2, 3*sample_every/2): a fixed period could
-  // fall in step with the application's (always the last of a message's gets, never one that is
-  // used again).
+  // fall in step with the application's (always the last of a message's gets, never one that
+  // pays).
   static constexpr uint16_t kFirstSample = 16;
   static constexpr uint16_t kLastSample = 1024;
   static constexpr size_t kEntries = 64;

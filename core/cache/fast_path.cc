@@ -113,9 +113,7 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_m
     release(region);
     return false;
   }
-  if (!region->referenced.load(std::memory_order_relaxed)) {
-    region->referenced.store(true, std::memory_order_relaxed);
-  }
+  region->mark_used();
   if (verify_pfn_pages_ != 0 && !verify_pfns(region)) {
     release(region);
     return false;

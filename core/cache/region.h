@@ -177,10 +177,19 @@ struct Region : PgtRegion, mrc_region {
   std::atomic<uint64_t> refcount{0};
   std::atomic<uint32_t> flags{0};
   std::atomic<bool> referenced{false};  // CLOCK bit: used since the eviction hand last passed
+  // Gets served after the one that registered it, up to kMaxUses (then no more stores: a hot
+  // region's line is only read). Relaxed, not an atomic add: a hit lost to a race only makes
+  // the churn learner's estimate a little low (docs/DESIGN.md, "Churn").
+  static constexpr uint8_t kMaxUses = 255;
+  std::atomic<uint8_t> uses{0};
   unsigned prot = 0;
+  // The costs the churn learner weighs (os::ticks(), saturated), measured by register_locked:
+  // the watch it made, and the rest of the registration (backend reg included).
+  uint32_t watch_ticks = 0;
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t failure = MRC_OK;  // for kFailed entries
+  uint32_t register_ticks = 0;
   Cache *cache = nullptr;
   Region *lru_prev = nullptr;  // mutex_: the LRU ring (cached regions)
   Region *lru_next = nullptr;
@@ -200,10 +209,13 @@ struct Region : PgtRegion, mrc_region {
     refcount.store(0, std::memory_order_relaxed);
     flags.store(0, std::memory_order_relaxed);
     referenced.store(false, std::memory_order_relaxed);
+    uses.store(0, std::memory_order_relaxed);
     prot = 0;
+    watch_ticks = 0;
     handle = nullptr;
     key = 0;
     failure = MRC_OK;
+    register_ticks = 0;
     cache = nullptr;
     lru_prev = lru_next = live_prev = live_next = gc_next = nullptr;
     callbacks = nullptr;
@@ -211,6 +223,14 @@ struct Region : PgtRegion, mrc_region {
     pfn_count = 0;
   }
   size_t length() const noexcept { return end - start; }
+  // A get served by this region (fast or slow path): the CLOCK bit, and one more use.
+  void mark_used() noexcept {
+    if (!referenced.load(std::memory_order_relaxed)) {
+      referenced.store(true, std::memory_order_relaxed);
+    }
+    const uint8_t used = uses.load(std::memory_order_relaxed);
+    if (used < kMaxUses) uses.store(used + 1, std::memory_order_relaxed);
+  }
   bool has(uint32_t flag) const noexcept {
     return (flags.load(std::memory_order_acquire) & flag) != 0;
   }

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/pagemap.h"
 #include "base/proc_maps.h"
+#include "base/ticks.h"
 #include "core/cache/alignment.h"
 #include "core/cache/log.h"
 
@@ -105,7 +106,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
             ++slow_.registration_failures;
             status = region->failure;
           } else if (region->try_acquire()) {  // cannot fail: the table holds a reference
-            region->referenced.store(true, std::memory_order_relaxed);
+            region->mark_used();
             ++slow_.hits_slow;
             hit = region;
           }
@@ -169,12 +170,20 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
       ++slow_.invalidations;
       // Only real registrations teach: a remembered failure is no cached registration.
       if (learn_churn_ && batch[i]->has(Region::kRegistered)) {
-        churn_.on_event_removed(batch[i]->start,
-                                batch[i]->referenced.load(std::memory_order_relaxed));
+        churn_.on_event_removed(batch[i]->start, caching_paid(*batch[i]));
       }
       remove_locked(batch[i]);
     }
   }
+}
+
+// Each get a region served after the one that registered it saved a registration and a
+// deregistration (weighed as twice the registration); the watch its miss made and the round trip
+// its unmap waited for were the price (docs/DESIGN.md, "Churn").
+bool Cache::caching_paid(const Region &region) noexcept {
+  const uint64_t saved =
+      uint64_t{region.uses.load(std::memory_order_relaxed)} * 2 * region.register_ticks;
+  return saved != 0 && saved >= region.watch_ticks + uffd::Monitor::round_trip_ticks();
 }
 
 void Cache::remove_locked(Region *region) noexcept {
@@ -245,6 +254,9 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   // Merge with every overlapping or adjacent region whose protection the memory allows. A union
   // is rounded out to the requested alignment (regions are aligned only to alignment_), which
   // may reach further regions: the loop runs until nothing changes.
+  // What this costs, for the churn learner (caching_paid): only cached registrations are weighed.
+  const bool timed = cacheable && learn_churn_;
+  const uint64_t began = timed ? os::ticks() : 0;
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
@@ -293,11 +305,18 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   Region *region = allocate_region_locked();
   if (region == nullptr) return MRC_ERR_NO_MEMORY;
   // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
+  const uint64_t watch_began = timed ? os::ticks() : 0;
   bool watched = cacheable &&
                  uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
+  const uint64_t watch_ended = timed ? os::ticks() : 0;
   void *handle = nullptr;
   uint64_t key = 0;
   mrc_status_t status = call_reg(merged_start, merged_end, merged_prot, &handle, &key);
+  if (timed) {
+    region->watch_ticks = os::saturated_ticks(watch_ended - watch_began);
+    region->register_ticks =
+        os::saturated_ticks((watch_began - began) + (os::ticks() - watch_ended));
+  }
   if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
     // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left
     // the table; the caller deregisters it after the lock and tries once more.

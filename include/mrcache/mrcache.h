@@ -82,12 +82,14 @@ enum { MRC_PROT_READ = 1, MRC_PROT_WRITE = 2 };
  * MRC_FLAG_VERIFY_PFN (MRC_VERIFY_PFN=N): check N page frames per hit against the registration.
  *
  * By default a cache learns which ranges churn: when two registrations in a row of a range (by
- * its first page) ended by an unmap or madvise before any get used them again, later misses
- * there register uncached (deregistered at the last put, the mapping not watched), so that the
- * application's munmap of such memory does not wait for the monitor; one miss in 16 (then
- * fewer, down to one in 1024 while they keep churning) is cached anyway, and caching is back
- * once one of those is used again. Exactness does not depend on it. MRC_FLAG_CACHE_CHURN
- * (MRC_CACHE_CHURN=1) caches every registration instead. */
+ * its first page) ended by an unmap or madvise before caching them paid (the registrations and
+ * deregistrations their reuses saved cost less than watching the mapping and the unmap's wait
+ * for the monitor; a registration never used again never pays), later misses there register
+ * uncached (deregistered at the last put, the mapping not watched), so that the application's
+ * munmap of such memory does not wait for the monitor; one miss in 16 (then fewer, down to one
+ * in 1024 while they keep churning) is cached anyway, and caching is back once one of those
+ * pays. Exactness does not depend on it. MRC_FLAG_CACHE_CHURN (MRC_CACHE_CHURN=1) caches every
+ * registration instead. */
 enum {
   MRC_FLAG_PURGE_ON_FORK = 1,
   MRC_FLAG_VERIFY_PFN = 2,

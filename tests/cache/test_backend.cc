@@ -1,6 +1,8 @@
 #include "test_backend.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace mrc::test {
 
@@ -30,6 +32,9 @@ mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned pr
       self->failures++;
       return self->fail_status.load();
     }
+  }
+  if (const uint32_t delay = self->reg_delay_us.load(); delay != 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(delay));
   }
   auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,
                                         self->next_serial_.fetch_add(1)};

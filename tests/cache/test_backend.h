@@ -33,6 +33,9 @@ class CountingBackend {
   std::atomic<mrc_status_t> fail_status{MRC_ERR_BACKEND};
   // Called at registration with the start address; its result is recorded in the handle.
   std::atomic<uint64_t (*)(uintptr_t)> stamp_source{nullptr};
+  // How long each registration takes (a NIC's registration of a large buffer takes
+  // milliseconds): the churn learner weighs it against watching.
+  std::atomic<uint32_t> reg_delay_us{0};
   // Ranges that fail to register (exact match of start).
   std::mutex mutex;
   std::set<uintptr_t> failing_starts;

@@ -156,6 +156,22 @@ TEST(Lifecycle, InfoReportsTheRunningMonitor) {
   EXPECT_GT(monitor_info().events, events);
 }
 
+TEST(Lifecycle, TheRoundTripIsMeasuredAtStartAndItsUnmapsReachNoSubscriber) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  ScopedSubscription subscription;
+  // Three unmaps of a watched scratch page measured what an unmap waits for the monitor; their
+  // events were read (the unmaps returned) but neither published nor counted.
+  EXPECT_GT(Monitor::round_trip_ticks(), 0u);
+  EXPECT_EQ(monitor_info().events, 0u);
+  EXPECT_TRUE(drain_all(subscription.get()).empty());
+  // The next unmap of the scratch page's address is the application's: it is published.
+  const size_t length = page_size();
+  char *p = map_anonymous(length);
+  ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
+  munmap(p, length);
+  EXPECT_TRUE(covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+}
+
 TEST(Lifecycle, ModesCanBeForced) {
   if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
   for (const char *mode : {"wp-async", "wp", "missing"}) {
