@@ -20,8 +20,8 @@
 #include <mutex>
 
 #include "base/futex.h"
-#include "base/ticks.h"
 #include "base/proc_maps.h"
+#include "base/ticks.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
 #include "uffd/modes.h"
@@ -123,8 +123,7 @@ uint64_t measure_round_trip() noexcept {
   uint64_t watched[kSamples];
   uint64_t plain[kSamples];
   for (int i = 0; i < kSamples; ++i) {
-    void *scratch =
-        mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *scratch = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (scratch == MAP_FAILED) return 0;
     uffdio_register request{};
     request.range.start = reinterpret_cast<uintptr_t>(scratch);
