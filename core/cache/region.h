@@ -182,9 +182,14 @@ struct Region : PgtRegion, mrc_region {
   // the churn learner's estimate a little low (docs/DESIGN.md, "Churn").
   static constexpr uint8_t kMaxUses = 255;
   std::atomic<uint8_t> uses{0};
+  // Registrations merged into this one, itself included (up to 255): each was watched, and each
+  // may have been a mapping of its own, whose unmap waits for the monitor. With its uses and
+  // watch_ticks, summed over what it absorbed, it is what the churn learner weighs (mutex_).
+  uint8_t registrations = 0;
   unsigned prot = 0;
   // The costs the churn learner weighs (os::ticks(), saturated), measured by register_locked:
-  // the watch it made, and the rest of the registration (backend reg included).
+  // the watches it and the regions it absorbed made, and the rest of its own registration
+  // (backend reg included).
   uint32_t watch_ticks = 0;
   void *handle = nullptr;
   uint64_t key = 0;
@@ -210,6 +215,7 @@ struct Region : PgtRegion, mrc_region {
     flags.store(0, std::memory_order_relaxed);
     referenced.store(false, std::memory_order_relaxed);
     uses.store(0, std::memory_order_relaxed);
+    registrations = 0;
     prot = 0;
     watch_ticks = 0;
     handle = nullptr;

@@ -34,6 +34,19 @@ constexpr bool failure_lasts(mrc_status_t status) {
   return status == MRC_ERR_INVALID || status == MRC_ERR_UNSUPPORTED || status == MRC_ERR_BACKEND;
 }
 
+// What the regions a new registration absorbs had cost and earned: the new region carries it on
+// (Cache::caching_paid).
+struct MergedCosts {
+  uint64_t uses = 0;
+  uint64_t watch_ticks = 0;
+  uint64_t registrations = 0;
+  void add(const Region &region) noexcept {
+    uses += region.uses.load(std::memory_order_relaxed);
+    watch_ticks += region.watch_ticks;
+    registrations += region.registrations;
+  }
+};
+
 // Collects up to kBatch regions overlapping [from, to), in address order.
 size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
                            Region *(&out)[kBatch]) noexcept {
@@ -178,12 +191,15 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
 }
 
 // Each get a region served after the one that registered it saved a registration and a
-// deregistration (weighed as twice the registration); the watch its miss made and the round trip
-// its unmap waited for were the price (docs/DESIGN.md, "Churn").
+// deregistration (weighed as twice the registration); the watches its misses made and a round
+// trip to the monitor per registration merged into it (each may have been a mapping of its own,
+// whose unmap waits) were the price (docs/DESIGN.md, "Churn").
 bool Cache::caching_paid(const Region &region) noexcept {
   const uint64_t saved =
       uint64_t{region.uses.load(std::memory_order_relaxed)} * 2 * region.register_ticks;
-  return saved != 0 && saved >= region.watch_ticks + uffd::Monitor::round_trip_ticks();
+  const uint64_t cost =
+      region.watch_ticks + uint64_t{region.registrations} * uffd::Monitor::round_trip_ticks();
+  return saved != 0 && saved >= cost;
 }
 
 void Cache::remove_locked(Region *region) noexcept {
@@ -257,6 +273,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   // What this costs, for the churn learner (caching_paid): only cached registrations are weighed.
   const bool timed = cacheable && learn_churn_;
   const uint64_t began = timed ? os::ticks() : 0;
+  MergedCosts absorbed;
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
@@ -287,6 +304,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
         merged_start = union_start;
         merged_end = union_end;
         merged_prot = union_prot;
+        absorbed.add(*region);
         ++slow_.merges;
         remove_locked(region);
         changed = true;
@@ -313,9 +331,14 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   uint64_t key = 0;
   mrc_status_t status = call_reg(merged_start, merged_end, merged_prot, &handle, &key);
   if (timed) {
-    region->watch_ticks = os::saturated_ticks(watch_ended - watch_began);
+    absorbed.watch_ticks += watch_ended - watch_began;
+    region->watch_ticks = os::saturated_ticks(absorbed.watch_ticks);
     region->register_ticks =
         os::saturated_ticks((watch_began - began) + (os::ticks() - watch_ended));
+    region->uses.store(static_cast<uint8_t>(std::min<uint64_t>(absorbed.uses, Region::kMaxUses)),
+                       std::memory_order_relaxed);
+    region->registrations =
+        static_cast<uint8_t>(std::min<uint64_t>(absorbed.registrations + 1, 255));
   }
   if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
     // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left

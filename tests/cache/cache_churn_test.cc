@@ -15,6 +15,7 @@
 
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
+#include "uffd/uffd.h"
 
 namespace {
 
@@ -121,6 +122,66 @@ TEST_P(CacheChurn, ARangeUsedAgainButCheaperToRegisterThanToWatchIsRegisteredUnc
   EXPECT_GE(churn_skips(), 68u);
   EXPECT_LE(s.invalidations, 6u) << "munmaps of uncached mappings must reach no monitor";
   EXPECT_EQ(s.registrations, s.deregistrations) << "every uncached one ended at its put";
+}
+
+// A registration that absorbs another by merging carries on its uses: the range's costly
+// registrations were used again, so caching paid, although the merged region saw no get itself.
+TEST_P(CacheChurn, AMergedRegionCarriesOnTheUsesOfWhatItAbsorbed) {
+  backend.reg_delay_us = kCostlyRegistrationUs;
+  create_cache(0);
+  for (int m = 0; m < 4; ++m) {
+    char *p = static_cast<char *>(mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0));
+    ASSERT_EQ(p, address_);
+    mrc_region_t *region = nullptr;
+    for (int g = 0; g < 3; ++g) {  // the first half: registered, then used twice
+      ASSERT_EQ(mrc_get(cache, p, kPages / 2 * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &region),
+                MRC_OK);
+      mrc_put(cache, region);
+    }
+    // The second half: merged with the first into one new registration of the whole buffer.
+    ASSERT_EQ(mrc_get(cache, p + kPages / 2 * kPage, kPages / 2 * kPage,
+                      MRC_PROT_READ | MRC_PROT_WRITE, &region),
+              MRC_OK);
+    EXPECT_EQ(mrc_region_length(region), kPages * kPage);
+    mrc_put(cache, region);
+    ASSERT_EQ(munmap(p, kPages * kPage), 0);
+  }
+  EXPECT_EQ(churn_skips(), 0u);
+  EXPECT_GE(stats().merges, 4u);
+}
+
+// Each registration merged into a region was a watch and may have been a mapping of its own,
+// whose unmap waits for the monitor: a region of eight merged registrations is priced at eight
+// round trips. Here each message's gets grow from its buffer's start, so that each merges the
+// one before; the registrations are made to cost a quarter of a round trip each (a busy wait),
+// so that the eight reuses save four round trips' worth: more than one round trip and a watch,
+// less than eight.
+TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
+  create_cache(0);
+  const uint64_t round_trip = mrc::uffd::Monitor::round_trip_ticks();
+  if (round_trip == 0) GTEST_SKIP() << "the monitor could not measure its round trip";
+  backend.reg_spin_ticks = round_trip / 4;
+  constexpr size_t kGrowths = 8;
+  const size_t step = kPages / kGrowths * kPage;
+  for (int m = 0; m < 10; ++m) {
+    char *p = static_cast<char *>(mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0));
+    ASSERT_EQ(p, address_);
+    for (int round = 0; round < 2; ++round) {
+      for (size_t g = 1; g <= kGrowths; ++g) {
+        mrc_region_t *region = nullptr;
+        ASSERT_EQ(mrc_get(cache, p, g * step, MRC_PROT_READ, &region), MRC_OK);
+        mrc_put(cache, region);
+      }
+    }
+    ASSERT_EQ(munmap(p, kPages * kPage), 0);
+  }
+  // Priced at one round trip the merged region would pay and nothing would ever be skipped. At
+  // eight, two messages teach and later messages register uncached, until a sample (at most one
+  // per 8 misses at first) registers a range alone: used again, that one pays and caching is
+  // back for two messages. Each of the eight messages after the teaching ones skips some.
+  EXPECT_GE(churn_skips(), 2u * kGrowths);
 }
 
 TEST_P(CacheChurn, ASampleThatPaysTurnsCachingBackOn) {

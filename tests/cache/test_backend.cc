@@ -4,6 +4,8 @@
 #include <cstring>
 #include <thread>
 
+#include "base/ticks.h"
+
 namespace mrc::test {
 
 CountingBackend::CountingBackend() {
@@ -35,6 +37,10 @@ mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned pr
   }
   if (const uint32_t delay = self->reg_delay_us.load(); delay != 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(delay));
+  }
+  if (const uint64_t spin = self->reg_spin_ticks.load(); spin != 0) {
+    for (const uint64_t began = os::ticks(); os::ticks() - began < spin;) {
+    }
   }
   auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,
                                         self->next_serial_.fetch_add(1)};

@@ -36,6 +36,8 @@ class CountingBackend {
   // How long each registration takes (a NIC's registration of a large buffer takes
   // milliseconds): the churn learner weighs it against watching.
   std::atomic<uint32_t> reg_delay_us{0};
+  // The same as a busy wait of so many os::ticks() (precise where a sleep overshoots).
+  std::atomic<uint64_t> reg_spin_ticks{0};
   // Ranges that fail to register (exact match of start).
   std::mutex mutex;
   std::set<uintptr_t> failing_starts;
