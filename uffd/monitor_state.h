@@ -57,7 +57,7 @@ namespace mrc::uffd::detail {
 enum class LoopKind : uint32_t { NotStarted, UringDeferred, Uring, Poll };
 
 // Everything the monitor thread reads; written before pthread_create, constant until join
-// (except `loop` and `closed_uffd`, written by the monitor thread).
+// (except `loop` and `closed_uffd`, written by the monitor thread, and `scratch`).
 struct MonitorRun {
   int uffd = -1;
   int control = -1;

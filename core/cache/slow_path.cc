@@ -267,13 +267,13 @@ void Cache::purge_before_fork() noexcept {
 mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
                                     unsigned prot, bool cacheable, bool *evicted,
                                     Region **out) noexcept {
-  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
-  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
-  // may reach further regions: the loop runs until nothing changes.
   // What this costs, for the churn learner (caching_paid): only cached registrations are weighed.
   const bool timed = cacheable && learn_churn_;
   const uint64_t began = timed ? os::ticks() : 0;
   MergedCosts absorbed;
+  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
+  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
+  // may reach further regions: the loop runs until nothing changes.
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
