@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The soak: mrcache-stress again and again, rotating through its configurations, until the runs
-# together have done OPS operations (default 10^8: close to two hours on 2 cores). The
+# together have done OPS operations (default 10^8: two to three hours on 2 cores). The
 # configurations cover the whole mutation mix, hot and nested ranges, forks, injected
 # registration failures, exact and fast mode, with and without learning which ranges churn, the monitor's modes (the best the kernel offers,
 # and MISSING), and the PFN oracle over the null backend where the machine allows it (root:
