@@ -164,7 +164,7 @@ TEST(Lifecycle, TheRoundTripIsMeasuredAtStartAndItsUnmapsReachNoSubscriber) {
   EXPECT_GT(Monitor::round_trip_ticks(), 0u);
   EXPECT_EQ(monitor_info().events, 0u);
   EXPECT_TRUE(drain_all(subscription.get()).empty());
-  // The next unmap of the scratch page's address is the application's: it is published.
+  // Only the scratch page's own unmaps are held back: an application's unmap is published.
   const size_t length = page_size();
   char *p = map_anonymous(length);
   ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
