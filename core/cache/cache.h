@@ -213,7 +213,7 @@ class Cache {
   bool over_bound_locked() const noexcept;
   void evict_locked() noexcept;
   size_t evict_unused_locked() noexcept;
-  // Registers [start, end) merged with its neighbours, watched and in the table; with
+  // Registers [start, end) merged with the regions it overlaps, watched and in the table; with
   // cacheable=false exactly the request, handed out uncached (deregistered at its last put).
   // When the backend is out of resources and `evicted` is given, evicts every unused region and
   // sets *evicted (MRC_ERR_NO_MEMORY): the caller deregisters them after the lock and retries.

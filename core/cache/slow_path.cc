@@ -271,51 +271,39 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
   const bool timed = cacheable && learn_churn_;
   const uint64_t began = timed ? os::ticks() : 0;
   MergedCosts absorbed;
-  // Merge with every overlapping or adjacent region whose protection the memory allows. A union
-  // is rounded out to the requested alignment (regions are aligned only to alignment_), which
-  // may reach further regions: the loop runs until nothing changes.
+  // Every region overlapping the request leaves the table: merged into it when the memory allows
+  // the union's protection, otherwise (a remembered failure, retried now; or a region that cannot
+  // merge and cannot coexist) its users keep it. Adjacent regions stay apart (docs/DESIGN.md,
+  // "Merging"). A union is rounded out to the requested alignment (regions are aligned only to
+  // alignment_), which may reach further regions: the loop runs until nothing overlaps.
   uintptr_t merged_start = start;
   uintptr_t merged_end = end;
   unsigned merged_prot = prot;
   Region *batch[kBatch];
-  while (cacheable) {
-    const uintptr_t from = merged_start != 0 ? merged_start - 1 : 0;
-    const uintptr_t to = merged_end != ~uintptr_t{0} ? merged_end + 1 : merged_end;
-    bool changed = false;
-    size_t count = collect_overlapping(table_, from, to, batch);
+  for (size_t count;
+       cacheable && (count = collect_overlapping(table_, merged_start, merged_end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
       Region *region = batch[i];
-      const bool overlaps = region->start < merged_end && region->end > merged_start;
-      if (region->has(Region::kFailed)) {
-        if (overlaps) {
-          remove_locked(region);  // retried now: forget the old failure
-          changed = true;
-        }
-        continue;
-      }
-      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
       // No overflow: table addresses are below 2^57, and get() refused an alignment whose
       // rounding of the request overflows.
+      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
       const uintptr_t union_end =
           (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
       const unsigned union_prot = merged_prot | region->prot;
       const bool widens = union_prot != region->prot || union_prot != merged_prot;
-      if (!widens || memory_allows(union_start, union_end, union_prot)) {
+      if (region->has(Region::kFailed)) {
+        // Forgotten: this get asks the backend again.
+      } else if (!widens || memory_allows(union_start, union_end, union_prot)) {
         merged_start = union_start;
         merged_end = union_end;
         merged_prot = union_prot;
         absorbed.add(*region);
         ++slow_.merges;
-        remove_locked(region);
-        changed = true;
-      } else if (overlaps) {
-        // Cannot merge and cannot coexist: it leaves the table, its users keep it.
+      } else {
         ++slow_.invalidations;
-        remove_locked(region);
-        changed = true;
       }
+      remove_locked(region);
     }
-    if (!changed) break;
   }
 
   // The region's storage first: a registration that found none would need a dereg under

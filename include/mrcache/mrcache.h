@@ -208,7 +208,8 @@ MRC_API mrc_status_t mrc_get(mrc_cache_t *cache, void *addr, size_t len, unsigne
 /* The same, with the registration aligned to `alignment` (a power of two >= the page size; 0 =
  * the cache's alignment): what a transport needs when its hardware wants aligned regions. Both
  * ends of the region are multiples of it: a cached region that is not aligned so is not handed
- * out, and a registration merged with its neighbours is rounded out to the alignment. */
+ * out, and a registration merged with the regions it overlaps is rounded out to the alignment.
+ * (Regions that merely touch stay apart.) */
 MRC_API mrc_status_t mrc_get_aligned(mrc_cache_t *cache, void *addr, size_t len, size_t alignment,
                                      unsigned prot, mrc_region_t **out);
 /* Drops the reference a get returned. A put the cache can tell is wrong changes nothing and is

@@ -139,8 +139,9 @@ TEST_P(CacheChurn, AMergedRegionCarriesOnTheUsesOfWhatItAbsorbed) {
                 MRC_OK);
       mrc_put(cache, region);
     }
-    // The second half: merged with the first into one new registration of the whole buffer.
-    ASSERT_EQ(mrc_get(cache, p + kPages / 2 * kPage, kPages / 2 * kPage,
+    // The second half and the first half's last page: merged with the first into one new
+    // registration of the whole buffer.
+    ASSERT_EQ(mrc_get(cache, p + (kPages / 2 - 1) * kPage, (kPages / 2 + 1) * kPage,
                       MRC_PROT_READ | MRC_PROT_WRITE, &region),
               MRC_OK);
     EXPECT_EQ(mrc_region_length(region), kPages * kPage);

@@ -128,14 +128,14 @@ TEST(CacheConcurrency, NoStaleRegistrationAfterUnmapReturns) {
   for (Slot &slot : g_slots) slot.base = nullptr;
 }
 
-// Four threads get, sometimes invalidate, and put pages of one mapping, `pages` pages `stride`
-// apart (a stride of 1 makes neighbours merge), staying on a page for `dwell` gets (long enough
-// to park its reference, see core/cache/cache.h); each invalidates every `every`-th region it gets.
-// Every get is checked against the backend's live registrations. Before destroy, with no
-// reference held by anyone, every invalidated registration must have ended and its done run
-// exactly once: parked references of invalidated regions are taken back at once.
+// Four threads get, sometimes invalidate, and put `span` pages of one mapping, `pages` places
+// `stride` pages apart (gets that overlap their neighbours merge with them), staying on a page for
+// `dwell` gets (long enough to park its reference, see core/cache/cache.h); each invalidates every
+// `every`-th region it gets. Every get is checked against the backend's live registrations. Before
+// destroy, with no reference held by anyone, every invalidated registration must have ended and its
+// done run exactly once: parked references of invalidated regions are taken back at once.
 struct InvalidatingRun {
-  int pages, stride, dwell, every;
+  int pages, stride, span, dwell, every;
 };
 
 void run_invalidating_workers(const InvalidatingRun &run) {
@@ -143,7 +143,7 @@ void run_invalidating_workers(const InvalidatingRun &run) {
   mrc_cache_params_t params = backend.params("invalidate");
   mrc_cache_t *cache = nullptr;
   ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
-  const size_t length = static_cast<size_t>(run.pages * run.stride) * kPage;
+  const size_t length = static_cast<size_t>(run.pages * run.stride + run.span) * kPage;
   char *p = static_cast<char *>(
       mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(p, MAP_FAILED);
@@ -155,7 +155,9 @@ void run_invalidating_workers(const InvalidatingRun &run) {
         char *address =
             p + static_cast<size_t>(run.stride * ((i / run.dwell + t) % run.pages)) * kPage;
         mrc_region_t *region = nullptr;
-        ASSERT_EQ(mrc_get(cache, address, kPage, MRC_PROT_READ, &region), MRC_OK);
+        ASSERT_EQ(
+            mrc_get(cache, address, static_cast<size_t>(run.span) * kPage, MRC_PROT_READ, &region),
+            MRC_OK);
         {
           std::lock_guard lock(backend.mutex);
           if (backend.live.count(mrc::test::registration_of(region)->serial) == 0) ++ended_in_use;
@@ -184,14 +186,14 @@ void run_invalidating_workers(const InvalidatingRun &run) {
 }
 
 TEST(CacheConcurrency, ConcurrentInvalidateAndPutOfMergingNeighbours) {
-  run_invalidating_workers({/*pages=*/16, /*stride=*/1, /*dwell=*/1, /*every=*/7});
+  run_invalidating_workers({/*pages=*/16, /*stride=*/1, /*span=*/2, /*dwell=*/1, /*every=*/7});
 }
 
 TEST(CacheConcurrency, InvalidationTakesBackReferencesParkedByOtherThreads) {
   mrc_monitor_info_t info;
   ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
   if (info.mode == MRC_MONITOR_UNCACHED) GTEST_SKIP() << "userfaultfd unavailable: uncached mode";
-  run_invalidating_workers({/*pages=*/8, /*stride=*/2, /*dwell=*/64, /*every=*/97});
+  run_invalidating_workers({/*pages=*/8, /*stride=*/2, /*span=*/1, /*dwell=*/64, /*every=*/97});
 }
 
 // Four threads each hold four regions, twice what max_regions allows, hit them (hot enough to be

@@ -211,15 +211,28 @@ TEST_F(CacheTest, OverlappingRequestsMergeIntoOneRegistration) {
   munmap(p, 8 * kPage);
 }
 
-TEST_F(CacheTest, AdjacentRegionsMerge) {
+// Adjacent registrations stay apart, as in UCX and libfabric: merging them would register the
+// first one's pages again for each neighbour registered after it (a buffer sent in chunks would
+// be pinned once per chunk), and an unmap of either would end both. A get spanning both merges.
+TEST_F(CacheTest, AdjacentRegionsStayApartUntilAGetSpansThem) {
   require_monitor();
   char *p = map_pages(4);
-  key_of(p, kPage, MRC_PROT_READ);
-  key_of(p + kPage, kPage, MRC_PROT_READ);
+  const uint64_t first = key_of(p, kPage, MRC_PROT_READ);
+  const uint64_t second = key_of(p + kPage, kPage, MRC_PROT_READ);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(backend.regs.load(), 2u);
+  EXPECT_EQ(stats().merges, 0u);
+  EXPECT_EQ(stats().regions, 2u);
+  EXPECT_EQ(key_of(p, kPage, MRC_PROT_READ), first);
+  EXPECT_EQ(key_of(p + kPage, kPage, MRC_PROT_READ), second);
+  EXPECT_EQ(backend.regs.load(), 2u);
+
   mrc_region_t *region = nullptr;
-  ASSERT_EQ(mrc_get(cache, p, kPage, MRC_PROT_READ, &region), MRC_OK);
+  ASSERT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &region), MRC_OK);
+  EXPECT_EQ(mrc_region_start(region), p);
   EXPECT_EQ(mrc_region_length(region), 2 * kPage);
   mrc_put(cache, region);
+  EXPECT_EQ(stats().merges, 2u);
   EXPECT_EQ(stats().regions, 1u);
   munmap(p, 4 * kPage);
 }
@@ -314,21 +327,26 @@ TEST_F(CacheTest, ProtectionWidensWhenTheMemoryAllowsIt) {
   munmap(p, 2 * kPage);
 }
 
-TEST_F(CacheTest, NoMergeWithAReadOnlyNeighbourWhenWriteIsAsked) {
+// A region whose memory would not allow the union's protection is not merged: it leaves the table
+// (its holder keeps it) and the request is registered alone.
+TEST_F(CacheTest, NoMergeWithAReadOnlyRegionWhenWriteIsAsked) {
   require_monitor();
   char *p = map_pages(4);
   ASSERT_EQ(mprotect(p, 2 * kPage, PROT_READ), 0);  // [p, p+2) read-only, [p+2, p+4) writable
   mrc_region_t *ro = nullptr;
-  ASSERT_EQ(mrc_get(cache, p, 2 * kPage, MRC_PROT_READ, &ro), MRC_OK);
+  ASSERT_EQ(mrc_get(cache, p, 3 * kPage, MRC_PROT_READ, &ro), MRC_OK);
   mrc_region_t *rw = nullptr;
   ASSERT_EQ(mrc_get(cache, p + 2 * kPage, 2 * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &rw), MRC_OK);
   EXPECT_EQ(mrc_region_start(rw), p + 2 * kPage);
   EXPECT_EQ(mrc_region_length(rw), 2 * kPage);
   EXPECT_EQ(mrc_region_prot(ro), unsigned{MRC_PROT_READ});
+  EXPECT_EQ(mrc_region_length(ro), 3 * kPage);
+  EXPECT_EQ(backend.live_count(), 2u);
   mrc_put(cache, ro);
+  EXPECT_EQ(backend.live_count(), 1u);  // it had left the table: its last put ended it
   mrc_put(cache, rw);
   EXPECT_EQ(stats().merges, 0u);
-  EXPECT_EQ(stats().regions, 2u);
+  EXPECT_EQ(stats().regions, 1u);
   munmap(p, 4 * kPage);
 }
 

@@ -18,45 +18,6 @@ namespace {
 
 using Differences = Conformance;
 
-TEST_F(Differences, AdjacentRequestsInOneMappingMergeIntoOneRegistration) {
-  // UCX test_rcache.merge keeps region1 and region2 apart across its pad; UCX and libfabric
-  // merge only overlapping regions. DIFFERENCE: mrcache also merges regions that touch.
-  char *mem = alloc_pages(4 * kPage);
-  const uint64_t left = get_put(mem, 2 * kPage);
-  mrc_region_t *right = get(mem + 2 * kPage, 2 * kPage);
-  EXPECT_NE(key(right), left);
-  EXPECT_EQ(mrc_region_start(right), mem) << "the right region took the left one in";
-  EXPECT_EQ(mrc_region_length(right), 4 * kPage);
-  put(right);
-  const mrc_stats_t s = stats();
-  EXPECT_EQ(s.merges, 1u);
-  EXPECT_EQ(s.regions, 1u);
-  EXPECT_EQ(backend.live(), 1u);
-  EXPECT_EQ(get_put(mem, kPage), key(right)) << "the left range is served by the merged region";
-  free_pages(mem, 4 * kPage);
-}
-
-TEST_F(Differences, AdjacentMappingsMergeIntoOneRegistrationThatEitherUnmapInvalidates) {
-  // As above, across two mappings that touch (a private and a shared one, so the kernel keeps
-  // two VMAs). UCX and libfabric would keep one registration per request. An unmap of either
-  // mapping then invalidates the merged registration.
-  char *area = alloc_pages(4 * kPage);
-  ASSERT_EQ(mmap(area + 2 * kPage, 2 * kPage, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
-            area + 2 * kPage);
-  get_put(area, 2 * kPage);
-  mrc_region_t *merged = get(area + 2 * kPage, 2 * kPage);
-  EXPECT_EQ(mrc_region_start(merged), area);
-  EXPECT_EQ(mrc_region_length(merged), 4 * kPage);
-  const uint64_t merged_key = key(merged);
-  put(merged);
-  ASSERT_EQ(mmap(area + 2 * kPage, 2 * kPage, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
-            area + 2 * kPage);
-  EXPECT_NE(get_put(area, kPage), merged_key) << "replacing the right mapping kept the region";
-  free_pages(area, 4 * kPage);
-}
-
 TEST_F(Differences, EvictionGivesEveryUsedRegionASecondChanceInsteadOfExactLruOrder) {
   // UCX test_rcache_with_limit.by_count (its lru list) and libfabric ofi_mr_cache_flush (its
   // lru_list) evict the region released longest ago. DIFFERENCE: mrcache's eviction is CLOCK

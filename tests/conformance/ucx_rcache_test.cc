@@ -104,10 +104,45 @@ TEST_F(UcxRcache, PutsMixedWithInvalidationsRunEveryCompletionOnceAfterTheLastPu
   std::free(ptr);
 }
 
+TEST_F(UcxRcache, RequestsThatOnlyTouchKeepARegistrationEach) {
+  // UCX test_rcache.merge keeps region1 and region2 apart across its pad; UCX and libfabric merge
+  // only overlapping regions, and so does mrcache: a merge registers the union again.
+  char *mem = alloc_pages(4 * kPage);
+  const uint64_t left = get_put(mem, 2 * kPage);
+  mrc_region_t *right = get(mem + 2 * kPage, 2 * kPage);
+  EXPECT_NE(key(right), left);
+  EXPECT_EQ(mrc_region_start(right), mem + 2 * kPage);
+  EXPECT_EQ(mrc_region_length(right), 2 * kPage);
+  put(right);
+  const mrc_stats_t s = stats();
+  EXPECT_EQ(s.merges, 0u);
+  EXPECT_EQ(s.regions, 2u);
+  EXPECT_EQ(backend.live(), 2u);
+  EXPECT_EQ(get_put(mem, kPage), left) << "the left range is served by its own registration";
+  free_pages(mem, 4 * kPage);
+}
+
+TEST_F(UcxRcache, AnUnmapOfOneOfTwoTouchingMappingsLeavesTheOthersRegistration) {
+  // Two mappings that touch (a private and a shared one, so the kernel keeps two VMAs), each
+  // registered: replacing the right one ends its registration only.
+  char *area = alloc_pages(4 * kPage);
+  ASSERT_EQ(mmap(area + 2 * kPage, 2 * kPage, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+            area + 2 * kPage);
+  const uint64_t left = get_put(area, 2 * kPage);
+  const uint64_t right = get_put(area + 2 * kPage, 2 * kPage);
+  ASSERT_EQ(mmap(area + 2 * kPage, 2 * kPage, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+            area + 2 * kPage);
+  EXPECT_NE(get_put(area + 2 * kPage, kPage), right) << "replacing the right mapping kept it";
+  EXPECT_EQ(get_put(area, kPage), left) << "replacing the right mapping ended the left one's";
+  free_pages(area, 4 * kPage);
+}
+
 TEST_F(UcxRcache, AnAlignedGetMergesItsNeighboursIntoOneAlignedRegistration) {
   // UCX test_rcache.merge_aligned. KNOWN BUG (fails today): the aligned get of region3's range
   // is a fast hit on the unaligned region3 instead of an aligned registration. Regions 2 and 3
-  // are adjacent, so here they already merged (mrcache merges neighbours; UCX does not).
+  // touch and stay apart, as in UCX.
   //   pages 0-4 region1, 5-9 region2, 9-13 region3; aligned to 8 pages: one region 0-16.
   const size_t size = 4 * kPage;
   const size_t align = 8 * kPage;
