@@ -79,15 +79,11 @@ struct MonitorRun {
   std::atomic<uint64_t> scratch{0};
 };
 
-// What MonitorState::probe_fd holds when no descriptor answers the probe.
-inline constexpr int kProbeNoMonitor = -1;
-inline constexpr int kProbeRefused = -2;
-
 // The registry: one per process (g_monitor), guarded by its mutex (see SYNCHRONIZATION).
 struct MonitorState {
   std::mutex mutex;
   InvalidationQueue queue;
-  Subscription internal{&queue};  // the watch table's own cursor
+  Subscription internal{&queue, &probe_fd};  // the watch table's own cursor
   Subscription *subscriptions = nullptr;
   size_t subscribers = 0;
 

@@ -277,11 +277,4 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   return result;
 }
 
-ProbeAnswer probe_mmap_changing(int uffd) noexcept {
-  uffdio_zeropage probe{};
-  if (ioctl(uffd, UFFDIO_ZEROPAGE, &probe) == 0) return ProbeAnswer::Refused;
-  if (errno == EINVAL) return ProbeAnswer::Clear;
-  return errno == EAGAIN ? ProbeAnswer::Changing : ProbeAnswer::Refused;
-}
-
 }  // namespace mrc::uffd::detail

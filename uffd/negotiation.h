@@ -1,6 +1,6 @@
 // Negotiation, private to uffd/: which userfaultfd mode the kernel and the sandbox allow (and
 // MRC_MONITOR asks for), and the unmap probe that tells whether changes of watched memory are in
-// flight. Called under the registry mutex (monitor_state.h), except the probe (any thread).
+// flight (probe.h). Called under the registry mutex (monitor_state.h).
 #pragma once
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "mrcache/mrcache.h"
+#include "uffd/probe.h"
 
 namespace mrc::uffd::detail {
 
@@ -44,16 +45,5 @@ struct Negotiated {
 
 // Chooses the best mode allowed by MRC_MONITOR, the kernel and the sandbox; writes why.
 Negotiated negotiate(char *reason, size_t reason_len) noexcept;
-
-// ---- the unmap probe ----
-
-enum class ProbeAnswer { Clear, Changing, Refused };
-
-// The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
-// lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes
-// anything away, lowered by the changing thread once the monitor has read its event. Every
-// UFFDIO_ZEROPAGE checks it first and fails with EAGAIN while it is raised; an empty range is
-// refused (EINVAL) before any page-table work or lock. So this ioctl is a pure probe.
-ProbeAnswer probe_mmap_changing(int uffd) noexcept;
 
 }  // namespace mrc::uffd::detail

@@ -31,9 +31,6 @@ constexpr int64_t kSettleNapNs = 50'000;
 }  // namespace
 
 using detail::g_monitor;
-using detail::kProbeNoMonitor;
-using detail::kProbeRefused;
-using detail::ProbeAnswer;
 
 DrainResult Subscription::begin_drain() noexcept {
   if (forked_.load(std::memory_order_relaxed)) {
@@ -62,27 +59,6 @@ mrc_monitor_mode_t Subscription::mode() const noexcept {
   return static_cast<mrc_monitor_mode_t>(g_monitor.mode.load(std::memory_order_relaxed));
 }
 
-Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
-  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
-  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
-  const int fd = g_monitor.probe_fd.load(std::memory_order_acquire);
-  Unmaps answer = Unmaps::Read;
-  if (fd == kProbeRefused) {
-    answer = Unmaps::Unprobeable;
-  } else if (fd != kProbeNoMonitor) {
-    switch (detail::probe_mmap_changing(fd)) {
-      case ProbeAnswer::Clear: break;
-      case ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
-      case ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
-    }
-  }
-  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
-  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  errno = saved_errno;
-  return answer;
-}
-
 Subscription::Unmaps Subscription::settle_unmaps() const noexcept {
   timespec began{};
   clock_gettime(CLOCK_MONOTONIC, &began);
@@ -105,7 +81,8 @@ Subscription::Unmaps Subscription::settle_unmaps() const noexcept {
 mrc_status_t subscribe(Subscription **out) {
   if (out == nullptr) return MRC_ERR_INVALID;
   detail::ensure_fork_handlers();
-  Subscription *subscription = new (std::nothrow) Subscription(&g_monitor.queue);
+  Subscription *subscription =
+      new (std::nothrow) Subscription(&g_monitor.queue, &g_monitor.probe_fd);
   if (subscription == nullptr) return MRC_ERR_NO_MEMORY;
   std::lock_guard<std::mutex> hold(g_monitor.mutex);
   if (g_monitor.subscribers == 0 || g_monitor.needs_start) detail::start_locked();

@@ -27,10 +27,12 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 
 #include "mrcache/mrcache.h"
+#include "uffd/probe.h"
 #include "uffd/queue.h"
 
 namespace mrc::uffd {
@@ -88,8 +90,9 @@ class Subscription {
     Unprobeable,  // the monitor runs but the kernel refused the probe: trust no table
   };
   // One ioctl (none when no monitor runs), any thread, no lock; errno is kept. A seq_cst fence
-  // follows it, so the caller's quiescent() or drain() comes after the kernel's answer.
-  Unmaps probe_unmaps() const noexcept;
+  // follows it, so the caller's quiescent() or drain() comes after the kernel's answer. Inline,
+  // as the ioctl is (probe.h).
+  [[gnu::always_inline]] Unmaps probe_unmaps() const noexcept;
   // Probes until the answer is not InFlight, sleeping between tries until the monitor ends a
   // batch; InFlight when the changes in flight outlast a bounded wait (100 ms). Any thread, no
   // lock.
@@ -99,7 +102,8 @@ class Subscription {
   friend mrc_status_t subscribe(Subscription **out);
   friend void unsubscribe(Subscription *subscription);
   friend struct detail::MonitorState;
-  constexpr explicit Subscription(InvalidationQueue *queue) noexcept : queue_(queue) {}
+  constexpr Subscription(InvalidationQueue *queue, const std::atomic<int> *probe_fd) noexcept
+      : queue_(queue), probe_fd_(probe_fd) {}
   ~Subscription() = default;
 
   // Handles Forked and a pending resync, then waits for `pending` to fall. Ok: go on draining.
@@ -109,6 +113,7 @@ class Subscription {
   static constexpr uint64_t kForkedCursor = ~uint64_t{0};  // never equals a head
 
   InvalidationQueue *const queue_;
+  const std::atomic<int> *const probe_fd_;  // MonitorState::probe_fd
   // Written by the draining thread (release), read by every fast-path thread (acquire).
   alignas(64) std::atomic<uint64_t> cursor_{0};
   // Set only by the fork child handler (single-threaded child), read by drain().
@@ -122,6 +127,27 @@ class Subscription {
 };
 
 // ---- inline ----
+
+inline Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
+  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
+  // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
+  const int fd = probe_fd_->load(std::memory_order_acquire);
+  Unmaps answer = Unmaps::Read;
+  if (fd == detail::kProbeRefused) {
+    answer = Unmaps::Unprobeable;
+  } else if (fd != detail::kProbeNoMonitor) {
+    switch (detail::probe_mmap_changing(fd)) {
+      case detail::ProbeAnswer::Clear: break;
+      case detail::ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
+      case detail::ProbeAnswer::Refused: answer = Unmaps::Unprobeable; break;
+    }
+  }
+  // The kernel's read of mmap_changing comes before the caller's loads of `pending` and of the
+  // queue (docs/DESIGN.md, "Exact under concurrent unmaps").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  errno = saved_errno;
+  return answer;
+}
 
 template <class Apply>
 DrainResult Subscription::drain(Apply &&apply) {
