@@ -56,7 +56,8 @@ TEST(AppbenchTool, ListsTheApplicationWorkloads) {
   for (const char *name :
        {"fresh/64K", "fresh/1M", "fresh/16M", "fresh-mmap/64K", "fresh-mmap/1M", "fresh-mmap/16M",
         "pool/64x64K", "pool-churn/other-arena", "pool-churn/same-arena", "halo/k1", "halo/k10",
-        "halo/k100", "halo-mmap/k1", "halo-mmap/k10", "halo-mmap/k100"}) {
+        "halo/k100", "halo-mmap/k1", "halo-mmap/k10", "halo-mmap/k100", "pipeline/16Mx1M",
+        "pipeline-mmap/16Mx1M"}) {
     EXPECT_NE(result.output.find(name), std::string::npos) << "--list lacks " << name;
   }
 }

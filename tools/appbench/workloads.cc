@@ -91,6 +91,24 @@ Timing run_fresh(const Workload &w, Path &path, const TimingConfig &config) {
   });
 }
 
+// A large message sent in fragments, as a rendezvous pipeline sends it: allocate and fill the
+// buffer, then register, send and release each fragment in turn, then free the buffer.
+Timing run_pipeline(const Workload &w, Path &path, const TimingConfig &config) {
+  const Buffers buffers(w.allocation);
+  const size_t fragment = w.size / w.count;
+  return time_ops(config, 1, [&](uint64_t step) {
+    unsigned char *buffer = buffers.allocate(w.size);
+    memset(buffer, static_cast<int>(step), w.size);
+    for (size_t f = 0; f < w.count; ++f) {
+      unsigned char *piece = buffer + f * fragment;
+      void *token = path.get(piece, fragment);
+      g_sink = piece[fragment / 2];
+      path.put(token);
+    }
+    buffers.release(buffer, w.size);
+  });
+}
+
 // A pool of buffers allocated once; each message takes a random one, writes a byte per page,
 // registers it and sends.
 class Pool {
@@ -207,6 +225,14 @@ std::vector<Workload> make_workloads() {
     list.push_back({std::string("fresh-mmap/") + label,
                     "a fresh buffer per message, each a new mapping", Allocation::kMappings,
                     &run_fresh, size});
+  }
+  for (Allocation allocation : {Allocation::kMalloc, Allocation::kMappings}) {
+    const bool mappings = allocation == Allocation::kMappings;
+    list.push_back({mappings ? "pipeline-mmap/16Mx1M" : "pipeline/16Mx1M",
+                    std::string("a fresh 16 MiB buffer per message, sent in 16 fragments of 1 MiB, "
+                                "each registered in turn") +
+                        (mappings ? ", each buffer a new mapping" : ", glibc's malloc"),
+                    allocation, &run_pipeline, 16 * kMiB, 16});
   }
   list.push_back({"pool/64x64K", "64 buffers of 64 KiB, random get/use/put", Allocation::kMalloc,
                   &run_pool, 64 * kKiB, 64});
