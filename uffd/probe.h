@@ -1,11 +1,11 @@
-// The unmap probe, private to uffd/ (Subscription::probe_unmaps and the negotiation use it): one
-// ioctl that tells whether changes of watched memory are in flight (docs/DESIGN.md, "Exact under
-// concurrent unmaps"). Any thread, no lock.
+// The unmap probe: one ioctl that tells whether changes of watched memory are in flight
+// (docs/DESIGN.md, "Exact under concurrent unmaps"). Internal to uffd/: the cache reaches it
+// through Subscription::probe_unmaps() only. Any thread, no lock.
 //
-// Inline on purpose: an exact get probes on every hit, and on this machine each function level
-// between the get and the system call costs about 20 ns more than the call itself (a return
-// after a system call is mispredicted), a tenth of the probe for two levels
-// (tools/bench BM_CacheHit/exact against BM_UffdProbe).
+// Inline on purpose, like probe_unmaps(): an exact get probes on every hit, and each function
+// level between the get and its ioctl cost about 20 ns here (a return after a system call is
+// mispredicted; docs/DESIGN.md, "Kernel facts"). mrcache-bench's BM_CacheHit/exact against
+// BM_ProbeThenFastHit shows what the remaining levels cost.
 #pragma once
 
 #include <linux/userfaultfd.h>
