@@ -32,6 +32,7 @@
 namespace mrc::uffd::detail {
 
 constinit MonitorState g_monitor;
+constinit std::atomic<int> g_probe_fd{kProbeNoMonitor};
 constinit std::atomic<bool (*)()> g_drop_events{nullptr};
 
 namespace {
@@ -63,7 +64,7 @@ void say_uncached_once(const char *reason) noexcept {
 void close_run_locked(bool in_forked_child = false) noexcept {
   // Drops every registration and releases any waiting thread. The monitor thread closed it
   // itself if it ran (and the number may belong to someone else by now).
-  g_monitor.probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
+  g_probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
   if (g_monitor.uffd >= 0 && !g_monitor.run.closed_uffd) close(g_monitor.uffd);
   g_monitor.uffd = -1;
   g_monitor.run.closed_uffd = false;
@@ -277,8 +278,7 @@ void start_locked() noexcept {
   g_monitor.running = true;
   g_monitor.mode.store(negotiated.mode, std::memory_order_relaxed);
   g_monitor.features = negotiated.features;
-  g_monitor.probe_fd.store(negotiated.probe_ok ? g_monitor.uffd : kProbeRefused,
-                           std::memory_order_release);
+  g_probe_fd.store(negotiated.probe_ok ? g_monitor.uffd : kProbeRefused, std::memory_order_release);
 
   detail::WatchConfig config;
   config.uffd = g_monitor.uffd;

@@ -24,9 +24,9 @@
 //   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
 //   g_monitor.events (relaxed counter, read by info()), and the kernel's objects.
 //   g_monitor.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale
-//   mode only affects a report). g_monitor.probe_fd is read without the lock by
-//   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see the field
-//   for why it cannot change under a get).
+//   mode only affects a report). g_probe_fd (probe.h) is read without the lock by
+//   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see there why
+//   it cannot change under a get).
 //   Starting: the starter (holding g_monitor.mutex) waits on a futex until the monitor thread has
 //   stored the loop it runs in run.loop (release; the starter's acquire load pairs with it):
 //   start_locked() returns only once the thread is out of the threading runtime's start-up (see
@@ -83,7 +83,7 @@ struct MonitorRun {
 struct MonitorState {
   std::mutex mutex;
   InvalidationQueue queue;
-  Subscription internal{&queue, &probe_fd};  // the watch table's own cursor
+  Subscription internal{&queue};  // the watch table's own cursor
   Subscription *subscriptions = nullptr;
   size_t subscribers = 0;
 
@@ -106,11 +106,6 @@ struct MonitorState {
   size_t stack_bytes = 0;
   MonitorRun run;
   std::atomic<uint64_t> events{0};
-  // The descriptor gets probe for unmaps in flight (Subscription::probe_unmaps, any thread, no
-  // lock): the running monitor's userfaultfd, kProbeNoMonitor, or kProbeRefused. Stored
-  // (release) by start_locked() before any range is watched, kProbeNoMonitor before the
-  // descriptor is closed; it changes only while no cache exists, or in a forked child.
-  std::atomic<int> probe_fd{-1};
   // What an unmap of watched memory costs the unmapping thread beyond a plain unmap (the
   // monitor's round trip), in os::ticks(): measured by start_locked(), 0 while unknown. Read
   // without the lock (relaxed) by Monitor::round_trip_ticks(): an estimate, never an order.

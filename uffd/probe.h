@@ -11,15 +11,22 @@
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 
+#include <atomic>
 #include <cerrno>
 
 namespace mrc::uffd::detail {
 
 enum class ProbeAnswer { Clear, Changing, Refused };
 
-// What MonitorState::probe_fd holds when no descriptor answers the probe.
+// What g_probe_fd holds when no descriptor answers the probe.
 inline constexpr int kProbeNoMonitor = -1;
 inline constexpr int kProbeRefused = -2;
+
+// The descriptor gets probe (any thread, no lock): the running monitor's userfaultfd,
+// kProbeNoMonitor, or kProbeRefused. Stored (release) by start_locked() before any range is
+// watched, kProbeNoMonitor before the descriptor is closed; it changes only while no cache
+// exists, or in a forked child. Defined in monitor.cc, beside g_monitor.
+extern std::atomic<int> g_probe_fd;
 
 // The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
 // lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes

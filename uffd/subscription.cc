@@ -81,8 +81,7 @@ Subscription::Unmaps Subscription::settle_unmaps() const noexcept {
 mrc_status_t subscribe(Subscription **out) {
   if (out == nullptr) return MRC_ERR_INVALID;
   detail::ensure_fork_handlers();
-  Subscription *subscription =
-      new (std::nothrow) Subscription(&g_monitor.queue, &g_monitor.probe_fd);
+  Subscription *subscription = new (std::nothrow) Subscription(&g_monitor.queue);
   if (subscription == nullptr) return MRC_ERR_NO_MEMORY;
   std::lock_guard<std::mutex> hold(g_monitor.mutex);
   if (g_monitor.subscribers == 0 || g_monitor.needs_start) detail::start_locked();

@@ -102,8 +102,7 @@ class Subscription {
   friend mrc_status_t subscribe(Subscription **out);
   friend void unsubscribe(Subscription *subscription);
   friend struct detail::MonitorState;
-  constexpr Subscription(InvalidationQueue *queue, const std::atomic<int> *probe_fd) noexcept
-      : queue_(queue), probe_fd_(probe_fd) {}
+  constexpr explicit Subscription(InvalidationQueue *queue) noexcept : queue_(queue) {}
   ~Subscription() = default;
 
   // Handles Forked and a pending resync, then waits for `pending` to fall. Ok: go on draining.
@@ -113,7 +112,6 @@ class Subscription {
   static constexpr uint64_t kForkedCursor = ~uint64_t{0};  // never equals a head
 
   InvalidationQueue *const queue_;
-  const std::atomic<int> *const probe_fd_;  // MonitorState::probe_fd
   // Written by the draining thread (release), read by every fast-path thread (acquire).
   alignas(64) std::atomic<uint64_t> cursor_{0};
   // Set only by the fork child handler (single-threaded child), read by drain().
@@ -131,7 +129,7 @@ class Subscription {
 inline Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
   const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
   // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
-  const int fd = probe_fd_->load(std::memory_order_acquire);
+  const int fd = detail::g_probe_fd.load(std::memory_order_acquire);
   Unmaps answer = Unmaps::Read;
   if (fd == detail::kProbeRefused) {
     answer = Unmaps::Unprobeable;

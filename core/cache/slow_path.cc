@@ -284,6 +284,10 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
        cacheable && (count = collect_overlapping(table_, merged_start, merged_end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
       Region *region = batch[i];
+      if (region->has(Region::kFailed)) {
+        remove_locked(region);  // forgotten: this get asks the backend again
+        continue;
+      }
       // No overflow: table addresses are below 2^57, and get() refused an alignment whose
       // rounding of the request overflows.
       const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
@@ -291,9 +295,7 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
           (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
       const unsigned union_prot = merged_prot | region->prot;
       const bool widens = union_prot != region->prot || union_prot != merged_prot;
-      if (region->has(Region::kFailed)) {
-        // Forgotten: this get asks the backend again.
-      } else if (!widens || memory_allows(union_start, union_end, union_prot)) {
+      if (!widens || memory_allows(union_start, union_end, union_prot)) {
         merged_start = union_start;
         merged_end = union_end;
         merged_prot = union_prot;

@@ -252,6 +252,15 @@ void BM_SyscallGetpid(benchmark::State &state) {
 }
 BENCHMARK(BM_SyscallGetpid)->Threads(1)->Threads(2)->UseRealTime();
 
+// Whether `fd` answers the probe as a running monitor's userfaultfd does (EINVAL: nothing in
+// flight); the benchmark is skipped, saying why, when it does not.
+bool probe_answers_or_skip(benchmark::State &state, int fd) {
+  uffdio_zeropage probe{};
+  if (fd >= 0 && ioctl(fd, UFFDIO_ZEROPAGE, &probe) != 0 && errno == EINVAL) return true;
+  state.SkipWithError("no userfaultfd that answers the probe (no monitor running?)");
+  return false;
+}
+
 // The exact mode's probe alone: the raw ioctl that uffd::Subscription::probe_unmaps() issues per
 // get (UFFDIO_ZEROPAGE of an empty range: EINVAL while no unmap is in flight). On the monitor's
 // descriptor, every thread probes one struct file, whose reference count fdget takes in a
@@ -270,8 +279,7 @@ void BM_UffdProbe(benchmark::State &state, bool own_fd) {
     }
   }
   uffdio_zeropage probe{};
-  if (fd < 0 || ioctl(fd, UFFDIO_ZEROPAGE, &probe) == 0 || errno != EINVAL) {
-    state.SkipWithError("no userfaultfd that answers the probe (no monitor running?)");
+  if (!probe_answers_or_skip(state, fd)) {
     if (own_fd && fd >= 0) close(fd);
     return;
   }
@@ -293,11 +301,8 @@ void BM_ProbeThenFastHit(benchmark::State &state) {
   ours(Mode::kExact);  // an exact cache keeps the monitor running
   Ours &fast = ours(Mode::kFast);
   const int fd = mrc::uffd::testing::monitor_fd();
+  if (!probe_answers_or_skip(state, fd)) return;
   uffdio_zeropage probe{};
-  if (fd < 0 || ioctl(fd, UFFDIO_ZEROPAGE, &probe) == 0 || errno != EINVAL) {
-    state.SkipWithError("no userfaultfd that answers the probe (no monitor running?)");
-    return;
-  }
   char *address = fast.region(0);
   mrc_region_t *region = nullptr;
   if (mrc_get(fast.cache, address, kPage, MRC_PROT_READ, &region) != MRC_OK) std::abort();
