@@ -200,8 +200,10 @@ class Cache {
   // The fork prepare handler's take of mutex_: true once taken, false when its holder runs reg
   // (reg_state_ is kRegForking then).
   bool lock_or_skip_for_fork() noexcept;
+  // churning: the get took one of its range's churn tickets (ChurnHints::take_skip), and
+  // registers uncached with no lookup (and no probe before: unmaps is Read).
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                        uffd::Subscription::Unmaps unmaps, Region **out) noexcept;
+                        uffd::Subscription::Unmaps unmaps, bool churning, Region **out) noexcept;
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
@@ -269,7 +271,7 @@ class Cache {
   unsigned flags_ = 0;
   bool exact_ = true;        // no MRC_FLAG_ORDERED_UNMAPS: every get probes for unmaps in flight
   bool learn_churn_ = true;  // no MRC_FLAG_CACHE_CHURN: misses of churning ranges go uncached
-  ChurnHints churn_;         // mutex_
+  ChurnHints churn_;         // mutex_, but its tickets (take_skip) any thread
   size_t verify_pfn_pages_ = 0;
   size_t alignment_ = 4096;
   bool print_stats_ = false;
@@ -310,6 +312,7 @@ class Cache {
     uint64_t gets_slow, hits_slow, misses, merges, unmap_events, invalidations, registrations,
         evictions, registration_failures, uncacheable, purges;
     uint64_t churn_skips;       // misses registered uncached because their range churns
+    uint64_t churn_unprobed;    // of them, taken at the get's start: no probe, no lookup
     uint64_t registered_bytes;  // ever registered; minus Counter::EndedBytes = still registered
     uint64_t unreleased_bytes;  // ever left the table referenced; plus Counter::UnreleasedBytes
                                 // minus Counter::ReleasedBytes = still waiting

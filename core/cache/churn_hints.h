@@ -6,11 +6,19 @@
 // instead, which costs what no cache costs. Every so often a miss of a churning range is cached
 // anyway (a sample): one that pays ends the churn, and caching is back (docs/DESIGN.md, "Churn").
 //
-// SYNCHRONIZATION: the cache's mutex_ guards all of it (slow path only; the hit path never
-// reads it). Keyed by the registration's first page, in a small direct-mapped table: a range
+// A churning range's skips are tickets, counted down without the lock: a get takes one before
+// anything else (Cache::get), and then needs neither the exact mode's probe nor a lookup, since an
+// uncached registration is in no table. When they run out, the next miss is the sample, and the
+// range has no tickets while that sample is cached, so that gets of it look up and hit it (a
+// sample never hit could never pay).
+//
+// SYNCHRONIZATION: the cache's mutex_ guards the entries (slow path only; the hit path never
+// reads them). tickets_ is written under mutex_ (publish) and taken by any thread (take_skip,
+// one CAS). Keyed by the registration's first page, in a small direct-mapped table: a range
 // that loses its entry to another starts learning again (it is cached meanwhile).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -21,29 +29,38 @@ class ChurnHints {
   // A cached region starting at `start` left the table by an event; `paid`: caching it saved
   // more than it cost (Cache::caching_paid).
   void on_event_removed(uintptr_t start, bool paid) noexcept {
-    Entry &entry = entries_[slot(start)];
+    const size_t at = slot(start);
+    Entry &entry = entries_[at];
     if (entry.start != start) {
       if (paid) return;
-      entry = Entry{start, 0, 0, kFirstSample};
+      entry = Entry{start, 0, kFirstSample};
+      publish(at, start, 0);
     }
     if (paid) {
       entry.churns = 0;
       entry.sample_every = kFirstSample;
-    } else if (entry.churns < kChurnsToSkip) {
-      if (++entry.churns == kChurnsToSkip) entry.until_sample = next_gap(entry.sample_every);
+      publish(at, start, 0);
+      return;
+    }
+    if (entry.churns < kChurnsToSkip) {
+      if (++entry.churns < kChurnsToSkip) return;
     } else if (entry.sample_every < kLastSample) {
       entry.sample_every *= 2;  // the sample churned too: look less often
     }
+    // The miss that ends the gap is the next sample.
+    publish(at, start, next_gap(entry.sample_every) - 1);
   }
 
-  // Whether a miss at `start` registers uncached (a counted skip), or caches (no churn known,
-  // or a sample).
-  bool skip_caching(uintptr_t start) noexcept {
-    Entry &entry = entries_[slot(start)];
-    if (entry.start != start || entry.churns < kChurnsToSkip) return false;
-    if (--entry.until_sample != 0) return true;
-    entry.until_sample = next_gap(entry.sample_every);
-    return false;
+  // Any thread: whether a get at `start` registers uncached, taking one of its range's tickets
+  // (none: not churning, or its sample is due or cached). Cache::get asks first; a miss that did
+  // not take one asks again under mutex_ (tickets may have been published meanwhile).
+  bool take_skip(uintptr_t start) noexcept {
+    std::atomic<uint64_t> &tickets = tickets_[slot(start)];
+    uint64_t word = tickets.load(std::memory_order_relaxed);
+    do {
+      if ((word >> kTicketBits) != (start >> kPageShift) || (word & kTicketMask) == 0) return false;
+    } while (!tickets.compare_exchange_weak(word, word - 1, std::memory_order_relaxed));
+    return true;
   }
 
  private:
@@ -62,9 +79,20 @@ class ChurnHints {
   struct Entry {
     uintptr_t start = 0;
     uint16_t churns = 0;
-    uint16_t until_sample = 0;  // misses left before the next sample (while churning)
     uint16_t sample_every = kFirstSample;
   };
+
+  // A tickets_ word: the range's page number above kTicketBits, its skips left below (at most
+  // 3 * kLastSample / 2). Page numbers of user addresses (below 2^57) fit the 48 bits above.
+  static constexpr unsigned kPageShift = 12;
+  static constexpr unsigned kTicketBits = 16;
+  static constexpr uint64_t kTicketMask = (uint64_t{1} << kTicketBits) - 1;
+  static_assert(3 * kLastSample / 2 <= kTicketMask);
+
+  void publish(size_t at, uintptr_t start, uint64_t skips) noexcept {
+    tickets_[at].store(((uint64_t{start} >> kPageShift) << kTicketBits) | skips,
+                       std::memory_order_relaxed);
+  }
 
   uint16_t next_gap(uint16_t sample_every) noexcept {
     random_ ^= random_ << 13;  // xorshift32: the draw only needs to break periods
@@ -75,10 +103,11 @@ class ChurnHints {
 
   static size_t slot(uintptr_t start) noexcept {  // Fibonacci hashing of the page number
     static_assert(kEntries == 64);
-    return static_cast<size_t>(((start >> 12) * 0x9e3779b97f4a7c15ULL) >> (64 - 6));
+    return static_cast<size_t>(((start >> kPageShift) * 0x9e3779b97f4a7c15ULL) >> (64 - 6));
   }
 
   Entry entries_[kEntries];
+  std::atomic<uint64_t> tickets_[kEntries] = {};
   uint32_t random_ = 0x9e3779b9;
 };
 

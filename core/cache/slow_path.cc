@@ -72,7 +72,8 @@ bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
 }  // namespace
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                             uffd::Subscription::Unmaps unmaps, Region **out) noexcept {
+                             uffd::Subscription::Unmaps unmaps, bool churning,
+                             Region **out) noexcept {
   // A backend's reg calling back holds mutex_ already; a callback that destroy runs would start
   // a registration destroy never ends (docs/DESIGN.md, "The C API contract", "User code").
   if (inside(this, Inside::Lock) || inside(this, Inside::Destroy)) {
@@ -92,6 +93,8 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
   if (unmaps == uffd::Subscription::Unmaps::InFlight) hot_.add(Counter::UnmapWaitsOutlasted);
   mrc_status_t status = MRC_OK;
   Region *hit = nullptr;
+  // Whether a miss registers uncached: decided once per get (a retry after eviction keeps it).
+  bool skip = churning;
   // Twice at most: when the backend ran out of resources and unused regions were evicted, their
   // deregistration runs after the unlock (never under mutex_), and the get starts again.
   for (bool first = true;; first = false) {
@@ -111,7 +114,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
         if (first && slow_.gets_slow % kReapEvery == 0) reap_finished_locked();
         drain_locked();
         status = MRC_OK;
-        auto *region = static_cast<Region *>(table_.lookup(start));
+        auto *region = churning ? nullptr : static_cast<Region *>(table_.lookup(start));
         if (region != nullptr && region->end >= end && (region->prot & prot) == prot &&
             ((region->start | region->end) & align_mask) == 0) {
           if (region->has(Region::kFailed)) {
@@ -125,13 +128,15 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
           }
         }
         if (status == MRC_OK && hit == nullptr) {
-          if (first) ++slow_.misses;
           // A range that churns registers uncached: no watch, so its munmap waits for no one
-          // (docs/DESIGN.md, "Churn"). Asked once per get: a retry after eviction keeps the
-          // first answer's sample count.
-          const bool cacheable = !(learn_churn_ && first && churn_.skip_caching(start));
-          if (!cacheable) ++slow_.churn_skips;
-          status = register_locked(start, end, align_mask, prot, cacheable,
+          // (docs/DESIGN.md, "Churn").
+          if (first) {
+            ++slow_.misses;
+            if (!skip) skip = learn_churn_ && churn_.take_skip(start);
+            if (skip) ++slow_.churn_skips;
+            if (churning) ++slow_.churn_unprobed;
+          }
+          status = register_locked(start, end, align_mask, prot, /*cacheable=*/!skip,
                                    first ? &evicted : nullptr, &hit);
         }
       }

@@ -66,11 +66,13 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
   if (const mrc_status_t status = stats(&s); status != MRC_OK) return status;
   uint64_t histogram[64];
   uint64_t churn_skips = 0;
+  uint64_t churn_unprobed = 0;
   {
     Lock lock(*this);
     if (!lock.acquire()) return MRC_ERR_BUSY;
     std::memcpy(histogram, slow_.size_histogram, sizeof histogram);
     churn_skips = slow_.churn_skips;
+    churn_unprobed = slow_.churn_unprobed;
   }
   fmt::memory_buffer text;
   auto out = std::back_inserter(text);
@@ -82,14 +84,14 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
                  "\"registered_bytes\":{},\"registration_failures\":{},\"uncacheable\":{},"
                  "\"pfn_mismatches\":{},\"purges\":{},\"unreleased_bytes\":{},"
                  "\"exact\":{},\"unmap_waits\":{},\"unmap_waits_outlasted\":{},"
-                 "\"churn_skips\":{},"
+                 "\"churn_skips\":{},\"churn_unprobed\":{},"
                  "\"size_histogram\":{{",
                  name_, backend_.name != nullptr ? backend_.name : "", s.gets, s.hits_fast,
                  s.hits_slow, s.misses, s.merges, s.unmap_events, s.invalidations, s.puts,
                  s.registrations, s.deregistrations, s.evictions, s.regions, s.registered_bytes,
                  s.registration_failures, s.uncacheable, s.pfn_mismatches, s.purges,
                  s.unreleased_bytes, exact_, hot_.sum(Counter::UnmapWaits),
-                 hot_.sum(Counter::UnmapWaitsOutlasted), churn_skips);
+                 hot_.sum(Counter::UnmapWaitsOutlasted), churn_skips, churn_unprobed);
   bool first = true;
   for (unsigned bucket = 0; bucket < 64; ++bucket) {
     const uint64_t count = histogram[bucket];

@@ -9,9 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
@@ -60,14 +63,17 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
       ASSERT_EQ(munmap(p, kPages * kPage), 0);
     }
   }
-  uint64_t churn_skips() {
+  uint64_t json_counter(const std::string &name) {
     char json[4096];
     EXPECT_GT(mrc_cache_stats_json(cache, json, sizeof json), 0);
-    const char *field = std::strstr(json, "\"churn_skips\":");
+    const std::string key = "\"" + name + "\":";
+    const char *field = std::strstr(json, key.c_str());
     EXPECT_NE(field, nullptr) << json;
-    return field == nullptr ? 0
-                            : std::strtoull(field + std::strlen("\"churn_skips\":"), nullptr, 10);
+    return field == nullptr ? 0 : std::strtoull(field + key.size(), nullptr, 10);
   }
+  uint64_t churn_skips() { return json_counter("churn_skips"); }
+  // Skips taken at the get's start: no probe, no lookup.
+  uint64_t churn_unprobed() { return json_counter("churn_unprobed"); }
 
   char *address_ = nullptr;
 };
@@ -83,6 +89,56 @@ TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEven
   EXPECT_EQ(s.gets, 40u);
   EXPECT_EQ(s.registrations, 40u);
   EXPECT_EQ(s.registrations, s.deregistrations) << "every uncached one ended at its put";
+}
+
+// An uncached registration is in no table, so a get that knows at once that its range churns
+// needs neither a lookup nor, in exact mode, the probe that makes a lookup exact. Only the miss
+// after each sample's munmap learns it late (the event is applied by that miss's slow path).
+TEST_P(CacheChurn, AChurningRangesGetsTakeNoProbeAndNoLookup) {
+  create_cache(0);
+  messages(40, 1);
+  // At most two samples among the 38 misses after the two that taught, each followed by one
+  // skip decided in the slow path.
+  EXPECT_GE(churn_unprobed(), 34u);
+  EXPECT_LE(churn_unprobed(), churn_skips());
+  EXPECT_EQ(stats().hits_fast + stats().hits_slow, 0u);
+}
+
+// Threads share a churning range's tickets: each is taken by one get, so no more gets skip than
+// were granted, and once they run out the sample is cached and every later get hits it.
+TEST_P(CacheChurn, ThreadsTakeEachTicketOnceAndThenHitTheSample) {
+  create_cache(0);
+  // Two teach; the first gap's tickets (at most 22) are taken here or below. When the tenth
+  // message was the sample, its munmap is applied by the first get below and grants at most
+  // 3 * 32 / 2 - 1 tickets.
+  messages(10, 1);
+  const uint64_t skips_before = churn_skips();
+  void *p = mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(p, address_);
+  constexpr unsigned kThreads = 4;
+  constexpr unsigned kGets = 200;
+  std::vector<std::thread> threads;
+  std::atomic<unsigned> failures{0};
+  for (unsigned t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (unsigned g = 0; g < kGets; ++g) {
+        mrc_region_t *region = nullptr;
+        if (mrc_get(cache, p, kPages * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &region) != MRC_OK) {
+          failures.fetch_add(1);
+          continue;
+        }
+        mrc_put(cache, region);
+      }
+    });
+  }
+  for (std::thread &thread : threads) thread.join();
+  ASSERT_EQ(failures.load(), 0u);
+  const uint64_t skipped = churn_skips() - skips_before;
+  EXPECT_LE(skipped, 47u) << "more gets skipped than tickets were granted";
+  const mrc_stats_t s = stats();
+  EXPECT_GE(s.hits_fast + s.hits_slow, kThreads * kGets - skipped - 1) << "the sample is hit";
+  ASSERT_EQ(munmap(p, kPages * kPage), 0);
 }
 
 TEST_P(CacheChurn, SamplesGetRarerWhileTheyKeepChurning) {
