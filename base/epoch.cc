@@ -329,6 +329,11 @@ size_t EpochDomain::slot_capacity() const noexcept {
   return slots;
 }
 
+void EpochDomain::decide_mode() noexcept {
+  std::lock_guard lock(mutex_);
+  decide_mode_locked();
+}
+
 void EpochDomain::decide_mode_locked() noexcept {
   if (mode_decided_) return;
   mode_decided_ = true;

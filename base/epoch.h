@@ -143,6 +143,12 @@ class EpochDomain {
   // REQUIRES: not inside a guard of this domain (checked).
   void wait_for_readers() const noexcept;
 
+  // Chooses the barrier mode now rather than at the first guard: registering for membarrier
+  // waits for an RCU grace period once the process has a second thread (milliseconds), and costs
+  // nothing before. Creating a cache calls it before the monitor's thread starts, so that no get
+  // pays it.
+  void decide_mode() noexcept;
+
   // Objects retired and not yet reclaimed.
   size_t pending() const noexcept { return pending_.load(std::memory_order_relaxed); }
   // Threads holding a reader slot (registered and not yet exited), and slots allocated.

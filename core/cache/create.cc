@@ -71,6 +71,7 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
       cache->verify_pfn_pages_ = params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1;
     }
   }
+  epoch_domain().decide_mode();  // before the monitor's thread (EpochDomain::decide_mode)
   mrc_status_t status = uffd::subscribe(&cache->subscription_);
   if (status != MRC_OK) {
     delete cache;

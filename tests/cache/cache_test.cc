@@ -1,6 +1,8 @@
 // The cache's behaviour through the public C API, scenario by scenario (the ones UCX's rcache
 // suite covers, and ours). A counting plugin backend observes every registration.
+#include <linux/membarrier.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/epoch.h"
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
 #include "mrcache/mrcache.hpp"
@@ -54,6 +57,21 @@ TEST_F(CacheTest, GetCoversTheRequestAndHoldsAReference) {
   mrc_put(cache, region);
   EXPECT_EQ(backend.regs, 1u);
   munmap(p, 4 * kPage);
+}
+
+// Registering for membarrier (the epoch domain's light barrier) waits for an RCU grace period
+// once the process has a second thread: milliseconds, which the first get must not pay. The
+// cache's creation decides it, before the monitor's thread exists.
+TEST_F(CacheTest, CreatingACacheChoosesTheEpochBarrierBeforeAnyGet) {
+#if defined(MRC_TSAN)
+  GTEST_SKIP() << "ThreadSanitizer builds always use fences";
+#else
+  const long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (commands < 0 || (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) {
+    GTEST_SKIP() << "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) unavailable on this kernel";
+  }
+  EXPECT_TRUE(mrc::epoch_domain().uses_membarrier());
+#endif
 }
 
 TEST_F(CacheTest, SecondGetIsAHitWithTheSameRegistration) {
