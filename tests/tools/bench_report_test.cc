@@ -90,6 +90,39 @@ TEST(BenchReport, PairsOursWithUcxAndWritesPlotData) {
   rmdir(dir.c_str());
 }
 
+// A new mapping's first get against UCX's miss: a goal row per case, met or not.
+TEST(BenchReport, JudgesTheFirstGetOfANewMappingAgainstUcxsMiss) {
+  const std::string dir = testing::TempDir() + "mrc-bench-first-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  auto figure = [](const char *name, double ns) {
+    return std::string(R"({"name": ")") + name + R"(", "run_name": ")" + name +
+           R"(", "run_type": "iteration", "threads": 1, "real_time": )" + std::to_string(ns) +
+           R"(, "time_unit": "ns"})";
+  };
+  std::ofstream(dir + "/bench.json")
+      << R"({"context": {}, "benchmarks": [)" << figure("BM_CacheMissNewMapping/exact", 3600) << ","
+      << figure("BM_UcxRcacheMissNewMapping", 200) << ","
+      << figure("BM_CacheMissChurning/exact/manual_time", 190) << ","
+      << figure("BM_UcxRcacheMissChurning/manual_time", 320) << "]}";
+  const auto result =
+      mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir);
+  ASSERT_EQ(result.status, 0) << result.output;
+  const std::string md = slurp(dir + "/results.md");
+  EXPECT_NE(md.find("| first get of a mapping never seen <= 2 x UCX's miss | exact 3.60 us, UCX "
+                    "200.0 ns | 18.00 | NO |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| get of a buffer re-mapped per message <= 2 x UCX's miss | exact 190.0 ns, "
+                    "UCX 320.0 ns | 0.59 | yes |"),
+            std::string::npos)
+      << md;
+  for (const char *file : {"bench.json", "results.md", "lookup-mrcache.dat", "lookup-ucx.dat",
+                           "hits-mrcache.dat", "hits-ucx.dat"}) {
+    unlink((dir + "/" + file).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
 // bench.sh runs the monitor's benchmarks in a process of their own: two files, one report.
 TEST(BenchReport, MergesSeveralRuns) {
   const std::string dir = testing::TempDir() + "mrc-bench-merge-" + std::to_string(getpid());

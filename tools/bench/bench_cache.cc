@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <vector>
 
 #include "mrcache/mrcache.h"
@@ -245,6 +246,46 @@ void BM_CacheMissNewMapping(benchmark::State &state, Mode mode) {
 BENCHMARK_CAPTURE(BM_CacheMissNewMapping, exact, Mode::kExact);
 BENCHMARK_CAPTURE(BM_CacheMissNewMapping, fast, Mode::kFast);
 
+// The get and put of a buffer that is a new mapping for every message, at the same address (as
+// glibc's malloc hands out above its mmap threshold): after two messages the cache registers it
+// uncached, with no probe and no lookup (docs/DESIGN.md, "Churn"); one miss in 16 to 1024 is a
+// cached sample, whose watch is timed too. Only the get and the put are timed (manual time):
+// the mapping and its munmap are the application's. UCX's twin: a miss at every message, its
+// munmap hook having invalidated the last one.
+template <typename GetPut>
+void time_gets_of_churning_buffer(benchmark::State &state, GetPut get_put) {
+  void *const address = mmap(nullptr, kNewMappingPages * kPage, PROT_NONE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (address == MAP_FAILED || munmap(address, kNewMappingPages * kPage) != 0) std::abort();
+  for (auto _ : state) {
+    void *buffer = mmap(address, kNewMappingPages * kPage, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (buffer != address) {
+      state.SkipWithError("something else was mapped at the buffer's address");
+      break;
+    }
+    timespec began{}, ended{};
+    clock_gettime(CLOCK_MONOTONIC, &began);
+    get_put(buffer);
+    clock_gettime(CLOCK_MONOTONIC, &ended);
+    state.SetIterationTime(static_cast<double>(ended.tv_sec - began.tv_sec) +
+                           static_cast<double>(ended.tv_nsec - began.tv_nsec) * 1e-9);
+    munmap(buffer, kNewMappingPages * kPage);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_CacheMissChurning(benchmark::State &state, Mode mode) {
+  Ours &o = ours(mode);
+  time_gets_of_churning_buffer(state, [&o](void *buffer) {
+    mrc_region_t *region = nullptr;
+    mrc_get(o.cache, buffer, kNewMappingPages * kPage, MRC_PROT_READ, &region);
+    mrc_put(o.cache, region);
+  });
+}
+BENCHMARK_CAPTURE(BM_CacheMissChurning, exact, Mode::kExact)->UseManualTime();
+BENCHMARK_CAPTURE(BM_CacheMissChurning, fast, Mode::kFast)->UseManualTime();
+
 // The floor of any syscall here. syscall() itself: glibc's getpid() may answer from a cache.
 void BM_SyscallGetpid(benchmark::State &state) {
   for (auto _ : state) benchmark::DoNotOptimize(syscall(SYS_getpid));
@@ -430,6 +471,16 @@ void BM_UcxRcacheMissNewMapping(benchmark::State &state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_UcxRcacheMissNewMapping);
+
+void BM_UcxRcacheMissChurning(benchmark::State &state) {
+  Ucx &u = ucx();
+  time_gets_of_churning_buffer(state, [&u](void *buffer) {
+    ucs_rcache_region_t *region = nullptr;
+    ucs_rcache_get(u.rcache, buffer, kNewMappingPages * kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_region_put(u.rcache, region);
+  });
+}
+BENCHMARK(BM_UcxRcacheMissChurning)->UseManualTime();
 
 #endif  // MRC_HAVE_UCX
 
