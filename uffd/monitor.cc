@@ -398,7 +398,8 @@ namespace mrc::uffd {
 using detail::g_monitor;
 
 uint64_t Monitor::round_trip_ticks() noexcept {
-  return g_monitor.round_trip_ticks.load(std::memory_order_relaxed);
+  const uint64_t forced = g_monitor.round_trip_override.load(std::memory_order_relaxed);
+  return forced != 0 ? forced : g_monitor.round_trip_ticks.load(std::memory_order_relaxed);
 }
 
 // ---- Monitor::info ----

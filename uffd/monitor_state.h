@@ -116,6 +116,8 @@ struct MonitorState {
   std::atomic<uint64_t> vma_budget{0};
   std::atomic<int64_t> idle_vmas{-1};
   std::atomic<bool> force_poll{false};
+  // Replaces the measured round trip in Monitor::round_trip_ticks() when not 0.
+  std::atomic<uint64_t> round_trip_override{0};
 
   WatchTable watches;
 

@@ -23,6 +23,9 @@ void force_poll_loop(bool on) { g_monitor.force_poll.store(on, std::memory_order
 void set_drop_events(bool (*wanted)()) {
   detail::g_drop_events.store(wanted, std::memory_order_relaxed);
 }
+void set_round_trip_ticks(uint64_t ticks) {
+  g_monitor.round_trip_override.store(ticks, std::memory_order_relaxed);
+}
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
 uint64_t snapshots() { return detail::g_snapshots.load(std::memory_order_relaxed); }

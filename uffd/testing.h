@@ -15,6 +15,9 @@ void set_vma_budget(uint64_t vmas);
 void set_idle_vmas(int64_t vmas);
 // Run the monitor loop on poll(2) instead of io_uring (the fallback when io_uring fails).
 void force_poll_loop(bool on);
+// What Monitor::round_trip_ticks() reports from now on, in place of the measured round trip (a
+// host's load makes the measurement vary); 0 = the measurement again.
+void set_round_trip_ticks(uint64_t ticks);
 // While on, the monitor leaves events unread (their unmappers stay blocked in the kernel).
 void pause_monitor(bool on);
 // From the next monitor start, `wanted()` (called then, under the registry mutex) decides

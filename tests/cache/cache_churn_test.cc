@@ -10,21 +10,22 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/ticks.h"
 #include "cache_fixture.h"
 #include "mrcache/mrcache.h"
-#include "uffd/uffd.h"
+#include "uffd/testing.h"
 
 namespace {
 
 using mrc::test::CacheFixture;
 using mrc::test::kPage;
-using mrc::test::map_pages;
 using mrc::test::monitor_caches;
 
 constexpr size_t kPages = 16;
@@ -35,18 +36,26 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
     if (!monitor_caches())
       GTEST_SKIP() << "userfaultfd is unavailable here: the cache runs uncached";
   }
+  void TearDown() override {
+    CacheFixture::TearDown();
+    mrc::uffd::testing::set_round_trip_ticks(0);
+  }
   void create_cache(unsigned flags) {
     mrc_cache_params_t params = backend.params("churn");
     params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS | MRC_FLAG_CACHE_CHURN);
     params.flags |= flags | (GetParam() ? unsigned{MRC_FLAG_ORDERED_UNMAPS} : 0u);
     ASSERT_EQ(create(params), MRC_OK);
     // The address every message's mapping takes: the same buffer freed and allocated again, as
-    // glibc does above its mmap threshold. Found after the cache (and the monitor's memory)
-    // exists, and taken with MAP_FIXED_NOREPLACE: nothing else may be mapped there meanwhile.
-    char *probe = map_pages(kPages);
-    ASSERT_NE(probe, nullptr);
-    address_ = probe;
-    ASSERT_EQ(munmap(probe, kPages * kPage), 0);
+    // glibc does above its mmap threshold. Taken with MAP_FIXED_NOREPLACE, so nothing else may
+    // be mapped there meanwhile: it is the lowest page of a free area far larger than the buffer.
+    // The kernel places new mappings at the top of the highest free area that fits, so a
+    // runtime's own (a sanitizer's, the monitor's) land tens of megabytes above it.
+    constexpr size_t kRoom = size_t{64} << 20;
+    void *room =
+        mmap(nullptr, kRoom, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(room, MAP_FAILED);
+    address_ = static_cast<char *>(room);
+    ASSERT_EQ(munmap(room, kRoom), 0);
   }
   // One message: a new mapping, `gets` get/put pairs of all of it, munmap.
   void messages(unsigned count, unsigned gets) {
@@ -211,14 +220,19 @@ TEST_P(CacheChurn, AMergedRegionCarriesOnTheUsesOfWhatItAbsorbed) {
 // Each registration merged into a region was a watch and may have been a mapping of its own,
 // whose unmap waits for the monitor: a region of eight merged registrations is priced at eight
 // round trips. Here each message's gets grow from its buffer's start, so that each merges the
-// one before; the registrations are made to cost a quarter of a round trip each (a busy wait),
-// so that the eight reuses save four round trips' worth: more than one round trip and a watch,
-// less than eight.
+// one before, then the whole buffer is used eight times again (each use saves a registration
+// and a deregistration, weighed as two registrations). Made to cost a twelfth of a round trip
+// each (a busy wait), the registrations saved are worth 1.33 round trips: more than one round
+// trip and a watch, less than eight. The round trip is set, not measured, and long (12 ms):
+// a registration measured six times its cost (a preempted busy wait on a loaded host, a
+// sanitizer) still does not pay.
 TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t registration = mrc::os::ticks() - began;  // 1 ms at least
   create_cache(0);
-  const uint64_t round_trip = mrc::uffd::Monitor::round_trip_ticks();
-  if (round_trip == 0) GTEST_SKIP() << "the monitor could not measure its round trip";
-  backend.reg_spin_ticks = round_trip / 4;
+  mrc::uffd::testing::set_round_trip_ticks(12 * registration);
+  backend.reg_spin_ticks = registration;
   constexpr size_t kGrowths = 8;
   const size_t step = kPages / kGrowths * kPage;
   for (int m = 0; m < 10; ++m) {

@@ -170,6 +170,12 @@ TEST(Lifecycle, TheRoundTripIsMeasuredAtStartAndItsUnmapsReachNoSubscriber) {
   ASSERT_EQ(uffd::watch(u(p), length), WatchResult::Watched);
   munmap(p, length);
   EXPECT_TRUE(covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
+  // Tests that price against the round trip set it; clearing it reports the measurement again.
+  const uint64_t measured = Monitor::round_trip_ticks();
+  testing::set_round_trip_ticks(measured + 12345);
+  EXPECT_EQ(Monitor::round_trip_ticks(), measured + 12345);
+  testing::set_round_trip_ticks(0);
+  EXPECT_EQ(Monitor::round_trip_ticks(), measured);
 }
 
 TEST(Lifecycle, ModesCanBeForced) {
