@@ -61,10 +61,12 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
 
   // A range that churns registers uncached, and an uncached registration is in no table: no
   // lookup, so no probe either (docs/DESIGN.md, "Churn"). Fast mode asks only after a miss.
-  if (exact_ && learn_churn_ && churn_.take_skip(start)) {
+  const auto takes_churn_ticket = [&] { return learn_churn_ && churn_.take_skip(start); };
+  const auto register_uncached = [&] {
     return get_slow(start, end, align - 1, prot, uffd::Subscription::Unmaps::Read,
                     /*churning=*/true, out);
-  }
+  };
+  if (exact_ && takes_churn_ticket()) return register_uncached();
   // Exact mode: the probe comes after the get began and before the fast path's quiescent()
   // check or the slow path's drain (docs/DESIGN.md, "Exact under concurrent unmaps").
   const uffd::Subscription::Unmaps unmaps =
@@ -73,10 +75,7 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
       get_fast(address, request_end, align - 1, prot, out)) {
     return MRC_OK;
   }
-  if (!exact_ && learn_churn_ && churn_.take_skip(start)) {
-    return get_slow(start, end, align - 1, prot, uffd::Subscription::Unmaps::Read,
-                    /*churning=*/true, out);
-  }
+  if (!exact_ && takes_churn_ticket()) return register_uncached();
   // Fast mode probes too before a miss registers: its watch must not count on a watch entry an
   // unmap in flight is about to cut. The new mapping there would then never be registered with
   // the userfaultfd, and even unmaps that happen-before later gets would go unseen until that
