@@ -179,10 +179,11 @@ class Cache {
   // only when both its bounds are aligned to it.
   bool get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,
                 Region **out) noexcept;
-  // Parks the caller's reference to region in the line of slot `owner` (the caller's); false
-  // when the caller must release it. True too for a put refused because the caller holds no
-  // reference (holds_reference_to_park; logged by refuse_put).
-  bool park(unsigned owner, Region *region) noexcept;
+  // Parks the caller's reference to region in the line of slot `owner` (the caller's). No: the
+  // caller must release it. Refused: the caller holds no reference (holds_reference_to_park),
+  // nothing changed, and the caller logs it (refuse_put).
+  enum class Parked : uint8_t { Yes, No, Refused };
+  Parked park(unsigned owner, Region *region) noexcept;
   static bool holds_reference_to_park(const Region *region, uint64_t parked_here) noexcept;
   void count_streak(ParkingLine &line, Region *region) noexcept;
   // put() while over_bound_ is set: releases without parking and trims when the region is left

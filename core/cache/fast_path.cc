@@ -156,7 +156,14 @@ void Cache::put(Region *region) noexcept {
     put_over_bound(region);
     return;
   }
-  if (thread.exclusive && park(thread.index, region)) return;
+  if (thread.exclusive) {
+    const Parked parked = park(thread.index, region);
+    if (parked == Parked::Yes) return;
+    if (__builtin_expect(parked == Parked::Refused, 0)) {
+      refuse_put(region);  // outside park's guard: the log handler may wait for readers
+      return;
+    }
+  }
   const Region::Drop drop = region->drop();
   if (drop == Region::Drop::Last) {
     release_last(region);
@@ -192,29 +199,34 @@ void Cache::put_over_bound(Region *region) noexcept {
   if (cached && left == 1) trim();
 }
 
-bool Cache::park(unsigned owner, Region *region) noexcept {
+Cache::Parked Cache::park(unsigned owner, Region *region) noexcept {
   auto mine = [owner](uint32_t flags) { return Region::parks_for(flags, owner); };
   // A hint outside the guard (most puts are of regions never promoted); decided inside it.
-  if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
+  if (!mine(region->flags.load(std::memory_order_relaxed))) return Parked::No;
   ParkingLine &line = parking_[owner];
   Region *replaced = nullptr;
   {
     EpochGuard guard;
-    if (!mine(region->flags.load(std::memory_order_relaxed))) return false;
-    std::atomic<Region *> *empty = nullptr;
+    if (!mine(region->flags.load(std::memory_order_relaxed))) return Parked::No;
+    // Each slot is read once: a reclaimer that passed its wait for readers before this guard
+    // began may empty a slot (CAS to null) at any moment, so what the scan saw is all there is
+    // to decide on. Only this thread fills the line's slots.
+    Region *seen[ParkingLine::kSlots];
+    size_t empty = ParkingLine::kSlots;
     uint64_t parked_here = 0;
-    for (std::atomic<Region *> &slot : line.parked) {
-      Region *parked = slot.load(std::memory_order_relaxed);
-      if (parked == nullptr && empty == nullptr) empty = &slot;
-      parked_here += parked == region;
+    for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
+      seen[i] = line.parked[i].load(std::memory_order_relaxed);
+      if (seen[i] == nullptr && empty == ParkingLine::kSlots) empty = i;
+      parked_here += seen[i] == region;
     }
-    if (__builtin_expect(!holds_reference_to_park(region, parked_here), 0)) {
-      refuse_put(region);
-      return true;  // handled: nothing changed
+    if (__builtin_expect(!holds_reference_to_park(region, parked_here), 0)) return Parked::Refused;
+    if (empty != ParkingLine::kSlots) {
+      line.parked[empty].store(region, std::memory_order_release);
+      return Parked::Yes;
     }
-    if (empty != nullptr) {
-      empty->store(region, std::memory_order_release);
-      return true;
+    if (const uint32_t spins = cache::testing::g_park_window_spins.load(std::memory_order_relaxed);
+        __builtin_expect(spins != 0, 0)) {
+      for (uint32_t i = 0; i < spins; ++i) asm volatile("" ::: "memory");
     }
     // Full: the CLOCK hand picks a region not taken back since the hand last passed it.
     uint32_t victim = line.hand;
@@ -223,13 +235,16 @@ bool Cache::park(unsigned owner, Region *region) noexcept {
       victim = (victim + 1) % ParkingLine::kSlots;
     }
     line.hand = (victim + 1) % ParkingLine::kSlots;
-    replaced = line.parked[victim].load(std::memory_order_relaxed);
-    // One being reclaimed stays: the reclaimer takes it out (and may be waiting for this guard).
-    if ((replaced->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) return false;
+    replaced = seen[victim];
+    // One being reclaimed stays: the reclaimer takes it out (and may be doing so now). One still
+    // parkable is no reclaimer's: any that clears its flag from now on waits for this guard.
+    if ((replaced->flags.load(std::memory_order_relaxed) & Region::kParkable) == 0) {
+      return Parked::No;
+    }
     line.parked[victim].store(region, std::memory_order_release);
   }
   release(replaced);
-  return true;
+  return Parked::Yes;
 }
 
 // A put parks without a locked instruction, so drop()'s check never sees it: a second put of

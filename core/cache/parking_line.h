@@ -23,4 +23,9 @@ struct alignas(64) ParkingLine {
   uint32_t streak = 0;                    // consecutive hits on it
 };
 
+namespace cache::testing {
+// Set by set_park_window_spins (core/cache/testing.h); 0 outside tests.
+extern std::atomic<uint32_t> g_park_window_spins;
+}  // namespace cache::testing
+
 }  // namespace mrc

@@ -19,6 +19,7 @@
 #include "base/epoch.h"
 #include "cache_fixture.h"
 #include "core/cache/cache.h"
+#include "core/cache/testing.h"
 #include "mrcache/mrcache.h"
 
 namespace {
@@ -320,6 +321,65 @@ TEST_F(CacheParking, DestroyTakesEveryParkedReferenceBack) {
   EXPECT_EQ(backend.live_count(), 0u);
   hot.join();
   for (char *m : maps) munmap(m, 2 * kPage);
+}
+
+// Hot regions held by several threads, parked, while their memory is taken away: each event
+// unparks a region and marks every line for reclaim, and the next slow path's reclaim takes
+// parked references out of lines whose owners are parking at that moment. Six regions for a
+// line of four keep every put replacing a slot; the test control widens the moment between a
+// put's reading of its full line and its choice of what to replace, where a reclaimer's emptying
+// of a slot was read as a region to release. Each mode in turn, for a bounded time.
+TEST_F(CacheParking, FullLinesParkWhileInvalidationsReclaimThem) {
+  constexpr size_t kRegions = mrc::ParkingLine::kSlots + 2;
+  struct WideWindow {
+    WideWindow() { mrc::cache::testing::set_park_window_spins(20000); }
+    ~WideWindow() { mrc::cache::testing::set_park_window_spins(0); }
+  } wide_window;
+  constexpr int kRunsOfHits = 10;  // more than a promotion needs in one run
+  for (const unsigned flags : {0U, static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS)}) {
+    SCOPED_TRACE(flags == 0 ? "exact" : "fast");
+    mrc_cache_params_t params = backend.params("parking-reclaim");
+    params.flags |= flags | MRC_FLAG_CACHE_CHURN;  // every region cached: every one parks
+    ASSERT_EQ(create(params), MRC_OK);
+    char *pages = map_pages(2 * kRegions);  // a page apart: no merging
+    ASSERT_NE(pages, nullptr);
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> gets{0}, failures{0};
+    auto user = [&](size_t first) {
+      for (size_t round = first; !stop.load(std::memory_order_relaxed); ++round) {
+        char *page = pages + 2 * (round % kRegions) * kPage;
+        for (int i = 0; i < kRunsOfHits; ++i) {
+          mrc_region_t *region = nullptr;
+          if (mrc_get(cache, page, kPage, MRC_PROT_READ, &region) != MRC_OK) {
+            failures.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+          gets.fetch_add(1, std::memory_order_relaxed);
+          mrc_put(cache, region);
+        }
+      }
+    };
+    std::thread first(user, 0), second(user, kRegions / 2);
+    std::thread dropper([&] {
+      for (size_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+        madvise(pages + 2 * (i % kRegions) * kPage, kPage, MADV_DONTNEED);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    stop = true;
+    first.join();
+    second.join();
+    dropper.join();
+    EXPECT_EQ(failures.load(), 0u);
+    EXPECT_GT(gets.load(), 0u);
+    const mrc_stats_t s = stats();
+    EXPECT_GT(s.invalidations, 0u) << "no event reached the cache: the path was not driven";
+    ASSERT_EQ(mrc_cache_destroy(cache), MRC_OK);
+    cache = nullptr;
+    EXPECT_EQ(backend.live_count(), 0u);
+    munmap(pages, 2 * kRegions * kPage);
+  }
 }
 
 }  // namespace
