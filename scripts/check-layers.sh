@@ -102,7 +102,7 @@ resolve() {
 
 # The files that define a component's test-only controls, and so include its testing.h
 # (uffd/testing_env.cc is compiled into test programs and tools only, not into the library).
-testing_definers=" base/proc_maps.cc uffd/testing.cc uffd/testing_env.cc core/cache/testing.cc "
+testing_definers=" base/proc_maps.cc uffd/testing.cc uffd/testing_env.cc core/cache/testing.cc core/cache/testing_env.cc "
 
 violations=0
 checked=0

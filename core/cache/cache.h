@@ -68,8 +68,10 @@
 //   reclaim_parked_locked() runs EpochDomain::wait_for_readers() (every guard that could have
 //   read kParkable set has ended; every later one reads it clear), then a CAS takes each parked
 //   reference of a region without kParkable out of the marked lines and drops it. So after that
-//   no line holds such a region, and none can until it is promoted again. A parked reference is
-//   a real one: the region stays alive, and counts as in use, until taken back or reclaimed.
+//   no line holds such a region, and none can until it is promoted again. That CAS may empty a
+//   slot of a line whose owner is parking at that moment (its guard began after the wait): a
+//   put decides from one read of each slot (park). A parked reference is a real one: the region
+//   stays alive, and counts as in use, until taken back or reclaimed.
 //   Lines are indexed by the thread's exclusive counter slot (threads sharing slots do not park);
 //   a slot's next thread inherits its line, and with it the ownership of what is parked there.
 // - Over the bound. When every cached region is in use, eviction leaves the cache past

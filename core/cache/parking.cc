@@ -59,6 +59,10 @@ void Cache::reclaim_parked_locked() noexcept {
   for (uint64_t word : lines_to_reclaim_) marked = marked || word != 0;
   if (!marked) return;
   epoch_domain().wait_for_readers();
+  if (const uint32_t spins = cache::testing::g_park_window_spins.load(std::memory_order_relaxed);
+      __builtin_expect(spins != 0, 0)) {
+    for (uint32_t i = 0; i < spins; ++i) asm volatile("" ::: "memory");
+  }
   for (size_t word = 0; word < kLines / 64; ++word) {
     for (uint64_t bits = std::exchange(lines_to_reclaim_[word], 0); bits != 0; bits &= bits - 1) {
       for (std::atomic<Region *> &slot :

@@ -6,10 +6,11 @@
 
 namespace mrc::cache::testing {
 
-// A put that replaces a slot of its full parking line spins this many iterations between reading
-// the line and choosing what to replace (0 = none, the default): it widens the window in which a
-// reclaimer empties slots of the line, so that a test meets that interleaving in well under a
-// second instead of by chance.
+// Widens both sides of the moment when a put parks into a line that a reclaimer is emptying: a
+// put that replaces a slot of its full parking line spins this many iterations between reading
+// the line and choosing what to replace, and reclaim_parked_locked as many after its wait for
+// readers, before it empties the marked lines (0 = none, the default). A test or a soak run then
+// meets that interleaving within seconds instead of by chance.
 void set_park_window_spins(uint32_t spins);
 
 }  // namespace mrc::cache::testing

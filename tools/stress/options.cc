@@ -35,10 +35,11 @@ constexpr const char *kDescription =
     "Worker threads get and put random ranges (a page to --max-size) of a pool of mappings\n"
     "while mutator threads munmap+mmap, mremap (move, shrink, grow), madvise (DONTNEED, FREE),\n"
     "MAP_FIXED-replace those mappings and now and then fork (the child runs a cache of its\n"
-    "own, with brk mutations, and exits with a status the parent checks), and churn threads\n"
+    "own, with brk mutations, and exits with a status the parent checks), churn threads\n"
     "map, use and unmap fresh mappings of their own, so that the kernel hands the address one\n"
-    "of them is still unmapping to another's mmap. Every region the cache hands out is checked\n"
-    "by an oracle before use:\n"
+    "of them is still unmapping to another's mmap, and hot threads use the first page of six\n"
+    "mappings ten times in a row each, so that those regions park in their lines while the\n"
+    "mutators change them. Every region the cache hands out is checked by an oracle before use:\n"
     "  iouring  a fresh stamp is written into the memory and IORING_OP_WRITE_FIXED through the\n"
     "           region's buffer index must write exactly that stamp into a file (a stale\n"
     "           registration pins the old pages and writes old bytes);\n"
@@ -167,6 +168,13 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                  "Churn threads: each maps a fresh mapping of --churn-size, gets, checks and puts "
                  "it, and unmaps it, over and over (the unmap window: another thread's mmap "
                  "gets the address while the unmap is in flight)")
+      ->capture_default_str()
+      ->check(unsigned_range(0, 16));
+  app.add_option("--hot-threads", o->hot_threads,
+                 "Hot threads: each cycles through the first 6 mappings, getting and putting "
+                 "each one's first page 10 times in a row (parked references: shared by the hot "
+                 "threads, a line's worth replaced at every switch, taken back by the mutators' "
+                 "changes) and checking the last get")
       ->capture_default_str()
       ->check(unsigned_range(0, 16));
   app.add_option("--churn-size", o->churn_size,

@@ -37,6 +37,7 @@ struct Options {
   // Threads that each map a fresh mapping, get/check/put it and unmap it, over and over: the
   // kernel hands one's freed address to another's mmap while the unmap is still in flight.
   unsigned churn = 2;
+  unsigned hot_threads = 2;
   uint64_t churn_size = 64u << 10;
   double duration_s = 30;
   Backend backend = Backend::kIouring;

@@ -58,6 +58,10 @@ constexpr int kChildTimeoutSeconds = 60;
 constexpr size_t kMaxReports = 10;
 constexpr size_t kMaxWindowReports = 3;
 constexpr int kHotRepeats = 16;  // more than the cache's kPromoteAfter hits
+// Hot threads: gets of a hot page in a row (more than kPromoteAfter), and the slots they cycle
+// through (more than a parking line's four).
+constexpr int kHotRun = 10;
+constexpr size_t kHotSlots = 6;
 
 std::atomic<bool> g_interrupted{false};
 std::atomic<pid_t> g_parent_pid{0};
@@ -79,7 +83,8 @@ struct Run {
   // In-window stale hits count as stale: exact mode promises them, fast mode does not.
   bool window_counted = true;
   std::atomic<bool> stop{false};
-  std::vector<std::unique_ptr<ThreadCounters>> counters;  // workers, mutators, churn threads
+  // Workers, mutators, churn threads, hot threads.
+  std::vector<std::unique_ptr<ThreadCounters>> counters;
   std::atomic<uint64_t> next_fork_ns{0};
   std::atomic<uint64_t> forks{0};
   std::atomic<uint64_t> invalidate_callbacks{0};
@@ -389,6 +394,48 @@ void churner(Run &run, unsigned index) {
         c.churned.fetch_add(1, std::memory_order_relaxed);
       }
     }
+  }
+}
+
+// ---- hot threads ---------------------------------------------------------------------------
+
+// Cycles through the pool's first kHotSlots slots, getting and putting each slot's first page
+// kHotRun times in a row and checking the last get. With two or more hot threads every hot page
+// parks in several threads' lines at once (core/cache/cache.h, "Parked references"), and with
+// more hot slots than a line holds every switch to the next slot replaces a parked reference.
+// The mutators' changes of those slots (every kind) take the references back, from lines whose
+// owners are parking at that moment.
+void hot_thread(Run &run, unsigned index) {
+  const unsigned id = run.opt.threads + run.opt.churn + index;  // oracle lane, number in reports
+  ThreadCounters &c = *run.counters[run.opt.threads + run.opt.mutators + run.opt.churn + index];
+  Rng rng(mix64(run.seed ^ (0x4000 + index)));
+  std::string error;
+  std::unique_ptr<OracleThread> oracle = run.oracle->thread(id, &error);
+  if (oracle == nullptr) {
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    add_error(run, "hot thread " + std::to_string(index) + ": oracle set-up failed: " + error);
+    return;
+  }
+  constexpr unsigned kProt = MRC_PROT_READ | MRC_PROT_WRITE;
+  const size_t slots = std::min<size_t>(kHotSlots, run.pool->size());
+  for (size_t turn = index; !run.stop.load(std::memory_order_relaxed); ++turn) {
+    Slot &slot = run.pool->slot(turn % slots);
+    std::shared_lock slot_guard(slot.lock);
+    Instrumented::set_thread_context(static_cast<int>(id), slot.index);
+    if (slot.start == 0) continue;
+    const uint64_t generation = slot.generation.load(std::memory_order_relaxed);
+    const size_t len = std::min<size_t>(page_size(), slot.len);
+    uint64_t t0 = 0;
+    mrc_region_t *region = acquire(run, c, slot.start, len, kProt, &t0);
+    for (int hit = 1; hit < kHotRun && region != nullptr; ++hit) {
+      mrc_put(run.cache, region);
+      region = acquire(run, c, slot.start, len, kProt, &t0);
+    }
+    if (region == nullptr) continue;
+    const CheckResult result = oracle->check(region, slot.start, len, rng);
+    judge(run, c, id, slot, generation, slot.start, len, kProt, region, result, t0);
+    mrc_put(run.cache, region);
+    c.hot.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -973,7 +1020,7 @@ int run_main(int argc, char **argv) {
   run.pool = pool.get();
   run.next_fork_ns.store(
       opt.fork_rate > 0 ? run.start_ns + static_cast<uint64_t>(1e9 / opt.fork_rate) : 0);
-  for (unsigned i = 0; i < opt.threads + opt.mutators + opt.churn; ++i) {
+  for (unsigned i = 0; i < opt.threads + opt.mutators + opt.churn + opt.hot_threads; ++i) {
     run.counters.push_back(std::make_unique<ThreadCounters>());
   }
 
@@ -981,11 +1028,11 @@ int run_main(int argc, char **argv) {
     char head[512];
     std::snprintf(head, sizeof head,
                   "mrcache-stress %s: %s mode, seed %llu, backend %s, oracle %s, monitor %s; "
-                  "%u workers, %u mutators, %u churn, %u mappings of %s .. %s, %s",
+                  "%u workers, %u mutators, %u churn, %u hot, %u mappings of %s .. %s, %s",
                   summary.version.c_str(), run.fast ? "fast" : "exact",
                   static_cast<unsigned long long>(opt.seed), backend_name(opt.backend),
                   oracle->name(), run.monitor_mode.c_str(), opt.threads, opt.mutators, opt.churn,
-                  opt.slots, format_size(page_up(opt.min_size)).c_str(),
+                  opt.hot_threads, opt.slots, format_size(page_up(opt.min_size)).c_str(),
                   format_size(opt.max_size).c_str(), format_duration(opt.duration_s).c_str());
     out.line(head);
     for (const std::string &note : notes) out.line("note: " + note);
@@ -1007,6 +1054,9 @@ int run_main(int argc, char **argv) {
     }
     for (unsigned i = 0; i < opt.churn; ++i) {
       threads.emplace_back(guarded, churner, std::ref(run), i);
+    }
+    for (unsigned i = 0; i < opt.hot_threads; ++i) {
+      threads.emplace_back(guarded, hot_thread, std::ref(run), i);
     }
   } catch (const std::exception &e) {
     // A thread could not start (std::system_error: EAGAIN under RLIMIT_AS or RLIMIT_NPROC):
