@@ -177,6 +177,11 @@ class Cache {
   // takes parked references back. Under mutex_; regions whose count ended go on deferred_.
   bool held_locked() noexcept;
 
+  // get() after its checks: [start, end) is [address, request_end) rounded out to the alignment.
+  [[gnu::always_inline]] inline mrc_status_t get_range(uintptr_t address, uintptr_t request_end,
+                                                       uintptr_t start, uintptr_t end,
+                                                       uintptr_t align_mask, unsigned prot,
+                                                       Region **out) noexcept;
   // align_mask: the requested alignment (at least alignment_) minus one. A region serves a get
   // only when both its bounds are aligned to it.
   bool get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_mask, unsigned prot,

@@ -127,6 +127,8 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
       return MRC_ERR_BUSY;
     }
   }
+  // Messages reach the handler once the cache is gone (log.h), so it may use every other cache.
+  log::DeferScope defer_messages;
   // The callbacks destroy runs (deregistrations batched by max_unreleased, regions still held for
   // the 0.1 call) find the cache being destroyed: a get from them is refused (get_slow).
   InsideScope scope(cache, Inside::Destroy);

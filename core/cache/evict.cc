@@ -7,11 +7,14 @@
 
 #include <atomic>
 
+#include "core/cache/log.h"
+
 namespace mrc {
 
 // Skipped when mutex_ cannot be taken here (a put from inside a reg): the next miss or trim
 // evicts instead (SYNCHRONIZATION, "Over the bound").
 void Cache::trim() noexcept {
+  log::DeferScope defer_messages;  // until the put is done with the cache (log.h)
   Region *deferred = nullptr;
   {
     Lock lock(*this);

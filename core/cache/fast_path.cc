@@ -58,12 +58,23 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
     return refuse_get(address, length, alignment, prot);
   }
   end &= ~(align - 1);
+  if (__builtin_expect(verify_pfn_pages_ != 0, 0)) {
+    // A hit's page-frame check that fails logs and takes mutex_ (verify_pfns) before the get is
+    // done with the cache: its messages wait until it is (log.h).
+    log::DeferScope defer_messages;
+    return get_range(address, request_end, start, end, align - 1, prot, out);
+  }
+  return get_range(address, request_end, start, end, align - 1, prot, out);
+}
 
+mrc_status_t Cache::get_range(uintptr_t address, uintptr_t request_end, uintptr_t start,
+                              uintptr_t end, uintptr_t align_mask, unsigned prot,
+                              Region **out) noexcept {
   // A range that churns registers uncached, and an uncached registration is in no table: no
   // lookup, so no probe either (docs/DESIGN.md, "Churn"). Fast mode asks only after a miss.
   const auto takes_churn_ticket = [&] { return learn_churn_ && churn_.take_skip(start); };
   const auto register_uncached = [&] {
-    return get_slow(start, end, align - 1, prot, uffd::Subscription::Unmaps::Read,
+    return get_slow(start, end, align_mask, prot, uffd::Subscription::Unmaps::Read,
                     /*churning=*/true, out);
   };
   if (exact_ && takes_churn_ticket()) return register_uncached();
@@ -72,7 +83,7 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   const uffd::Subscription::Unmaps unmaps =
       exact_ ? subscription_->probe_unmaps() : uffd::Subscription::Unmaps::Read;
   if (unmaps == uffd::Subscription::Unmaps::Read &&
-      get_fast(address, request_end, align - 1, prot, out)) {
+      get_fast(address, request_end, align_mask, prot, out)) {
     return MRC_OK;
   }
   if (!exact_ && takes_churn_ticket()) return register_uncached();
@@ -80,7 +91,7 @@ mrc_status_t Cache::get(uintptr_t address, size_t length, size_t alignment, unsi
   // unmap in flight is about to cut. The new mapping there would then never be registered with
   // the userfaultfd, and even unmaps that happen-before later gets would go unseen until that
   // unmap's event arrived (docs/DESIGN.md, "Fast mode").
-  return get_slow(start, end, align - 1, prot, exact_ ? unmaps : subscription_->probe_unmaps(),
+  return get_slow(start, end, align_mask, prot, exact_ ? unmaps : subscription_->probe_unmaps(),
                   /*churning=*/false, out);
 }
 

@@ -10,6 +10,7 @@
 
 #include "base/futex.h"
 #include "core/cache/cache.h"
+#include "core/cache/log.h"
 #include "core/cache/reentry.h"
 
 namespace mrc {
@@ -50,9 +51,12 @@ void CacheRegistry::remove(Cache *cache) {
 // fork: the cache is copied as it is while its reg runs, see cache.h).
 void CacheRegistry::prepare() {
   mutex().lock();
-  for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0 && !inside(cache, Inside::Lock)) {
-      cache->purge_before_fork();  // best effort: not while a reg runs
+  {
+    log::DeferScope defer_messages;  // until the walk no longer reads the caches (log.h)
+    for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
+      if ((cache->flags_ & MRC_FLAG_PURGE_ON_FORK) != 0 && !inside(cache, Inside::Lock)) {
+        cache->purge_before_fork();  // best effort: not while a reg runs
+      }
     }
   }
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {

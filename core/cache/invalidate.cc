@@ -6,12 +6,15 @@
 
 #include <new>
 
+#include "core/cache/log.h"
+
 namespace mrc {
 
 mrc_status_t Cache::invalidate(Region *region, void (*done)(void *), void *arg) noexcept {
   if (region == nullptr || region->cache != this || region->has(Region::kFailed)) {
     return MRC_ERR_INVALID;
   }
+  log::DeferScope defer_messages;  // until the call is done with the cache (log.h)
   InvalidateCallback *callback = nullptr;
   Region *deferred = nullptr;
   if (done != nullptr) {

@@ -11,6 +11,8 @@
 
 #include <pthread.h>
 
+#include "base/error.h"
+
 namespace mrc::log {
 namespace {
 
@@ -49,7 +51,7 @@ const char *level_name(mrc_log_level_t level) noexcept {
   return "?";
 }
 
-// Messages logged while this thread holds a cache lock (defer_begin).
+// Messages logged while this thread is inside a deferral (defer_begin).
 struct Deferred {
   unsigned depth;
   unsigned count;
@@ -66,7 +68,12 @@ void emit_now(mrc_log_level_t level, const char *message) noexcept {
     handler = g_handler;
   }
   if (handler.fn != nullptr) {
+    // The handler runs at the end of the call that logged: its own calls must not change the
+    // reason that call leaves in mrc_last_error().
+    char reason[kLastErrorSize];
+    std::snprintf(reason, sizeof reason, "%s", last_error());
     handler.fn(handler.arg, level, message);
+    set_last_error("%s", reason);
     return;
   }
   std::fprintf(stderr, "mrcache %s: %s\n", level_name(level), message);
@@ -93,7 +100,8 @@ void defer_end() noexcept {
   for (unsigned i = 0; i < count; ++i) emit_now(levels[i], texts[i]);
   if (lost != 0) {
     char text[96];
-    std::snprintf(text, sizeof text, "%u message(s) logged under a cache lock were dropped", lost);
+    std::snprintf(text, sizeof text, "%u message(s) logged during one cache call were dropped",
+                  lost);
     emit_now(MRC_LOG_WARN, text);
   }
 }

@@ -4,10 +4,12 @@
 // under a mutex before it is called (outside the mutex, so a handler may log).
 // Never call these from the monitor thread: formatting allocates.
 //
-// No handler runs under a cache lock (docs/DESIGN.md, "The C API contract", "User code"): while
-// a thread holds one (defer_begin, by Cache::Lock), its messages wait in a small buffer of its
-// own and are handed to the handler when the last deferral ends, after the unlock. So a handler
-// may call any mrc_* function, or fork.
+// No handler runs under a cache lock, nor while the call that logged still uses its cache
+// (docs/DESIGN.md, "The C API contract", "User code"): a cache call that may log or lock holds a
+// DeferScope from its start (Cache::Lock holds one too), and its messages wait in a small buffer
+// of the thread's own until the outermost deferral ends, when the call is done with the cache.
+// So a handler may call any mrc_* function, destroy that cache too, or fork; what it leaves in
+// mrc_last_error() is undone, so the caller still reads its own call's reason.
 #pragma once
 
 #include <fmt/format.h>
@@ -33,6 +35,15 @@ void defer_begin() noexcept;
 void defer_end() noexcept;
 inline constexpr unsigned kDeferredMax = 8;
 inline constexpr size_t kDeferredLength = 256;
+
+// defer_begin for the scope's life.
+class DeferScope {
+ public:
+  DeferScope() noexcept { defer_begin(); }
+  ~DeferScope() { defer_end(); }
+  DeferScope(const DeferScope &) = delete;
+  DeferScope &operator=(const DeferScope &) = delete;
+};
 
 // Parses "error|warn|info|debug|trace" or a digit; false on anything else.
 bool parse_level(const char *text, mrc_log_level_t *out) noexcept;

@@ -74,6 +74,8 @@ bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                              uffd::Subscription::Unmaps unmaps, bool churning,
                              Region **out) noexcept {
+  // Messages wait until the get is done with the cache (log.h): get() returns what this returns.
+  log::DeferScope defer_messages;
   // A backend's reg calling back holds mutex_ already; a callback that destroy runs would start
   // a registration destroy never ends (docs/DESIGN.md, "The C API contract", "User code").
   if (inside(this, Inside::Lock) || inside(this, Inside::Destroy)) {
@@ -242,6 +244,7 @@ void Cache::purge_locked(bool deregister) noexcept {
 }
 
 mrc_status_t Cache::purge(bool deregister) noexcept {
+  log::DeferScope defer_messages;  // until the purge is done with the cache (log.h)
   Region *deferred = nullptr;
   {
     Lock lock(*this);

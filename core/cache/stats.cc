@@ -11,9 +11,12 @@
 
 #include <fmt/format.h>
 
+#include "core/cache/log.h"
+
 namespace mrc {
 
 mrc_status_t Cache::stats(mrc_stats_t *out) noexcept {
+  log::DeferScope defer_messages;  // until the call is done with the cache (log.h)
   SlowStats slow{};
   mrc_stats_t stats{};
   uint64_t ended_bytes = 0;
@@ -62,6 +65,7 @@ mrc_status_t Cache::stats(mrc_stats_t *out) noexcept {
 }
 
 int Cache::stats_json(char *buffer, size_t length) noexcept {
+  log::DeferScope defer_messages;  // until the call is done with the cache (log.h)
   mrc_stats_t s{};
   if (const mrc_status_t status = stats(&s); status != MRC_OK) return status;
   uint64_t histogram[64];

@@ -263,10 +263,12 @@ MRC_API const char *mrc_version(void);
 MRC_API const char *mrc_last_error(void);
 
 /* Logging: levels as in MRC_LOG_LEVEL (error, warn, info, debug, trace). The callback runs on
- * the thread that logs (never the monitor thread), never under a cache lock: a message logged
- * under one is handed over after the unlock (up to 8 per lock hold, each cut to 255 bytes; one
- * more line counts those dropped). So it may call any mrc_* function, or fork. NULL restores the
- * default (stderr). */
+ * the thread that logs (never the monitor thread), never under a cache lock and never while the
+ * call that logged still uses its cache: a message logged during a cache call is handed over at
+ * the end of that call, before it returns (up to 8 per call, each cut to 255 bytes; one more line
+ * counts those dropped). So it may call any mrc_* function, mrc_cache_destroy of the cache whose
+ * call logged included, or fork; what its calls leave in mrc_last_error() is undone, so the
+ * caller reads its own call's reason. NULL restores the default (stderr). */
 typedef enum {
   MRC_LOG_ERROR = 0,
   MRC_LOG_WARN = 1,

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../common/fork_child.h"
+#include "mrcache/backends.h"
 #include "mrcache/mrcache.h"
 #include "mrcache/mrcache.hpp"
 
@@ -505,6 +506,101 @@ TEST(CacheReentry, LogHandlerCallingStatsDoesNotDeadlock) {
               return 0;
             }),
             0);
+}
+
+// A message logged during a call reaches the handler when the call is done with its cache: a
+// handler may destroy the very cache whose get logged (the get used to go on reading the freed
+// cache: AddressSanitizer and valgrind saw it).
+TEST(CacheReentry, LogHandlerMayDestroyTheCacheWhoseGetLogged) {
+  EXPECT_EQ(in_child([] {
+              g_cache = create_cache();
+              CHILD_CHECK(g_cache != nullptr);
+              static std::atomic<int> destroyed{0};
+              static mrc_status_t destroy_status = MRC_ERR_INVALID;
+              mrc_set_log_level(MRC_LOG_DEBUG);
+              mrc_set_log_handler(
+                  [](void *, mrc_log_level_t, const char *) {
+                    if (destroyed.exchange(1) == 0) destroy_status = mrc_cache_destroy(g_cache);
+                  },
+                  nullptr);
+              g_reg_hook = [](void *, size_t) { return MRC_ERR_IO; };
+              char *a = map_pages(2);
+              mrc_region_t *region = nullptr;
+              CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_ERR_IO);
+              mrc_set_log_handler(nullptr, nullptr);
+              CHILD_CHECK(destroyed.load() == 1);
+              CHILD_CHECK(destroy_status == MRC_OK);
+              CHILD_CHECK(g_live.load() == 0);
+              return 0;
+            }),
+            0);
+}
+
+// mrc_put logs its refusals: a double put of a region parked in the thread's line is refused
+// while the put reads that line (inside an epoch guard), and a handler that destroys the cache
+// waits for every guard to end (it used to wait for its own thread's, for ever).
+TEST(CacheReentry, LogHandlerMayDestroyTheCacheWhosePutWasRefused) {
+  if (!cached_mode()) GTEST_SKIP() << "userfaultfd unavailable: nothing is cached, nothing parks";
+  EXPECT_EQ(in_child([] {
+              g_cache = create_cache();
+              CHILD_CHECK(g_cache != nullptr);
+              static std::atomic<int> errors{0};
+              static mrc_status_t destroy_status = MRC_ERR_INVALID;
+              mrc_set_log_handler(
+                  [](void *, mrc_log_level_t level, const char *) {
+                    if (level == MRC_LOG_ERROR && errors.exchange(1) == 0) {
+                      destroy_status = mrc_cache_destroy(g_cache);
+                    }
+                  },
+                  nullptr);
+              char *a = map_pages(2);
+              mrc_region_t *region = nullptr;
+              for (int i = 0; i < 32; ++i) {  // hot: its put parks (Cache::kPromoteAfter is 8)
+                CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_OK);
+                mrc_put(g_cache, region);
+              }
+              CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_OK);
+              mrc_put(g_cache, region);
+              mrc_put(g_cache, region);  // refused: the reference is parked already
+              mrc_set_log_handler(nullptr, nullptr);
+              CHILD_CHECK(errors.load() == 1);
+              CHILD_CHECK(destroy_status == MRC_OK);
+              CHILD_CHECK(g_live.load() == 0);
+              return 0;
+            }),
+            0);
+}
+
+// The handler runs at the end of the call that logged, before it returns: what the handler's own
+// calls leave in mrc_last_error() is undone, and the caller reads its own call's reason.
+TEST(CacheReentry, LogHandlerLeavesTheCallersLastError) {
+  EXPECT_EQ(
+      in_child([] {
+        g_cache = create_cache();
+        CHILD_CHECK(g_cache != nullptr);
+        static std::atomic<int> messages{0};
+        mrc_set_log_level(MRC_LOG_DEBUG);
+        mrc_set_log_handler(
+            [](void *, mrc_log_level_t, const char *) {
+              mrc_region_t *region = nullptr;
+              CHILD_CHECK(mrc_get(g_cache, nullptr, 0, MRC_PROT_READ, &region) == MRC_ERR_INVALID);
+              ++messages;
+            },
+            nullptr);
+        g_reg_hook = [](void *addr, size_t) {
+          mrc_backend_set_error("reentry", "no registration at %p today", addr);
+          return MRC_ERR_IO;
+        };
+        char *a = map_pages(2);
+        mrc_region_t *region = nullptr;
+        CHILD_CHECK(mrc_get(g_cache, a, kPage, MRC_PROT_READ, &region) == MRC_ERR_IO);
+        CHILD_CHECK(messages.load() >= 1);
+        CHILD_CHECK(std::strstr(mrc_last_error(), "no registration at") != nullptr);
+        mrc_set_log_handler(nullptr, nullptr);
+        CHILD_CHECK(mrc_cache_destroy(g_cache) == MRC_OK);
+        return 0;
+      }),
+      0);
 }
 
 // ---- invalidate callbacks ----------------------------------------------------------------
