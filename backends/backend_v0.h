@@ -4,6 +4,10 @@
 // name@@MRCACHE_0.2, are declared here too, so that one header names every version. No state.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
+
+#include "base/sized.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::backends {
@@ -24,6 +28,17 @@ constexpr mrc_backend_t ops_from_v0(const BackendOpsV0 &in) noexcept {
                        .reg = in.reg,
                        .dereg = in.dereg,
                        .describe = in.describe};
+}
+
+// Whether a table that reached a 0.1 entry point is laid out as 0.2 and later: its first word,
+// where a 0.1 table keeps its name, is then a struct_size (1 to kMaxStructSize), which no name
+// pointer can be (nothing is ever mapped in the first page of the address space; 0 is a 0.1
+// table's NULL name). A mixed build does that: a table from 0.2 headers passed where the program
+// linked the 0.1 symbol. Read by its struct_size, it means what its author meant.
+inline bool is_sized_table(const BackendOpsV0 *in) noexcept {
+  std::uintptr_t first = 0;
+  std::memcpy(&first, static_cast<const void *>(in), sizeof first);
+  return first != 0 && first <= kMaxStructSize;
 }
 
 // What a 0.1 program can see of a table: its 0.1 fields.

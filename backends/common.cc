@@ -121,7 +121,10 @@ __asm__(".symver mrc_backend_complete_v0, mrc_backend_complete@MRCACHE_0");
 // rule), so that a caller with a larger table than the library's gets its unknown tail zeroed,
 // and a caller with a smaller one is not written past its end.
 mrc_status_t mrc_backend_complete_v2(const mrc_backend_t *in, mrc_backend_t *out) {
-  if (in == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  if (in == nullptr || out == nullptr) {
+    mrc::set_last_error("mrc_backend_complete: %s is NULL", in == nullptr ? "in" : "out");
+    return MRC_ERR_INVALID;
+  }
   const std::size_t caller_size = in->struct_size;  // in and out may be the same table
   mrc_backend_t completed;
   if (mrc_status_t status = mrc::backends::complete_caller_ops(in, &completed); status != MRC_OK)
@@ -133,7 +136,16 @@ mrc_status_t mrc_backend_complete_v2(const mrc_backend_t *in, mrc_backend_t *out
 
 mrc_status_t mrc_backend_complete_v0(const mrc::backends::BackendOpsV0 *in,
                                      mrc::backends::BackendOpsV0 *out) {
-  if (in == nullptr || out == nullptr) return MRC_ERR_INVALID;
+  if (in == nullptr || out == nullptr) {
+    mrc::set_last_error("mrc_backend_complete: %s is NULL", in == nullptr ? "in" : "out");
+    return MRC_ERR_INVALID;
+  }
+  // A program built against 0.2 headers that reached the 0.1 symbol: its tables are sized, in
+  // and out alike.
+  if (mrc::backends::is_sized_table(in)) {
+    return mrc_backend_complete_v2(reinterpret_cast<const mrc_backend_t *>(in),
+                                   reinterpret_cast<mrc_backend_t *>(out));
+  }
   const mrc_backend_t sized = mrc::backends::ops_from_v0(*in);
   *out = mrc::backends::ops_to_v0(mrc::backends::complete_ops(sized));
   return MRC_OK;

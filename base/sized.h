@@ -26,8 +26,14 @@ inline bool sized_input_copy(void *out, size_t known, const void *in, size_t siz
   return true;
 }
 
-// An output struct: the caller's `size` bytes receive what fits of the library's `known` bytes,
-// and a tail the library does not know is zeroed.
+// Whether an output struct's `size` can be the caller's: above kMaxStructSize it is garbage, and
+// zeroing that "tail" would write far past the caller's struct.
+inline bool sized_output_fits(size_t size, size_t min_size) noexcept {
+  return size >= min_size && size <= kMaxStructSize;
+}
+
+// An output struct: the caller's `size` bytes (sized_output_fits) receive what fits of the
+// library's `known` bytes, and a tail the library does not know is zeroed.
 inline void sized_output_copy(void *out, size_t size, const void *in, size_t known) noexcept {
   std::memcpy(out, in, std::min(size, known));
   if (size > known) std::memset(static_cast<unsigned char *>(out) + known, 0, size - known);

@@ -19,8 +19,10 @@
 #include <cstring>
 #include <mutex>
 
+#include "base/error.h"
 #include "base/futex.h"
 #include "base/proc_maps.h"
+#include "base/sized.h"
 #include "base/ticks.h"
 #include "uffd/internal.h"
 #include "uffd/kernel.h"
@@ -430,14 +432,20 @@ void Monitor::info(mrc_monitor_info_t *out) noexcept {
 }  // namespace mrc::uffd
 
 extern "C" MRC_API mrc_status_t mrc_monitor_info_sized(mrc_monitor_info_t *info, size_t size) {
-  if (info == nullptr || size < MRC_MONITOR_INFO_SIZE_0_1) return MRC_ERR_INVALID;
+  if (info == nullptr) {
+    mrc::set_last_error("mrc_monitor_info: info is NULL");
+    return MRC_ERR_INVALID;
+  }
+  if (!mrc::sized_output_fits(size, MRC_MONITOR_INFO_SIZE_0_1)) {
+    mrc::set_last_error(
+        "mrc_monitor_info: size %zu is not a mrc_monitor_info_t (at least the 0.1 layout's %zu, "
+        "at most %zu)",
+        size, static_cast<size_t>(MRC_MONITOR_INFO_SIZE_0_1), mrc::kMaxStructSize);
+    return MRC_ERR_INVALID;
+  }
   mrc_monitor_info_t all{};
   mrc::uffd::Monitor::info(&all);
-  // The size rule of mrcache.h (base/sized.h has it for core/; uffd/ sits below core/).
-  std::memcpy(info, &all, std::min(size, sizeof all));
-  if (size > sizeof all) {
-    std::memset(reinterpret_cast<unsigned char *>(info) + sizeof all, 0, size - sizeof all);
-  }
+  mrc::sized_output_copy(info, size, &all, sizeof all);  // the size rule of mrcache.h
   return MRC_OK;
 }
 

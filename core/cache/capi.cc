@@ -75,7 +75,9 @@ mrc_cache_params_t params_from_v0(const CacheParamsV0 &in, mrc_backend_t *backen
   params_defaults(&out);
   out.name = in.name;
   out.backend = nullptr;  // NULL = mrc_backend_null(), in 0.1 as now
-  if (in.backend != nullptr) {
+  if (in.backend != nullptr && mrc::backends::is_sized_table(in.backend)) {
+    out.backend = reinterpret_cast<const mrc_backend_t *>(in.backend);  // read by its size
+  } else if (in.backend != nullptr) {
     *backend = mrc::backends::ops_from_v0(*in.backend);
     out.backend = backend;
   }
@@ -283,12 +285,14 @@ unsigned mrc_region_prot(const mrc_region_t *region) {
 }
 
 mrc_status_t mrc_cache_stats_sized(mrc_cache_t *cache, mrc_stats_t *stats, size_t size) {
-  if (cache == nullptr || stats == nullptr || size < MRC_STATS_SIZE_0_1) {
-    if (cache == nullptr || stats == nullptr) {
-      return invalid("mrc_cache_stats: %s is NULL", cache == nullptr ? "cache" : "stats");
-    }
-    return invalid("mrc_cache_stats: size %zu is below the 0.1 mrc_stats_t (%zu)", size,
-                   static_cast<size_t>(MRC_STATS_SIZE_0_1));
+  if (cache == nullptr || stats == nullptr) {
+    return invalid("mrc_cache_stats: %s is NULL", cache == nullptr ? "cache" : "stats");
+  }
+  if (!mrc::sized_output_fits(size, MRC_STATS_SIZE_0_1)) {
+    return invalid(
+        "mrc_cache_stats: size %zu is not a mrc_stats_t (at least the 0.1 layout's %zu, "
+        "at most %zu)",
+        size, static_cast<size_t>(MRC_STATS_SIZE_0_1), mrc::kMaxStructSize);
   }
   mrc_stats_t all{};
   if (const mrc_status_t status = to_cache(cache)->stats(&all); status != MRC_OK) return status;

@@ -315,6 +315,43 @@ int main(void) {
 
   mrc_cache_destroy(cache);
   CHECK(state.deregs == state.regs);
+
+  /* A mixed build: a table laid out by 0.2 headers (struct_size first) handed to this program's
+   * 0.1 symbols. Its first word is no name pointer but a size; read by that size, it works. */
+  struct sized_table {
+    size_t struct_size;
+    const char *name;
+    mrc_status_t (*reg)(void *, void *, size_t, unsigned, void **, uint64_t *);
+    void (*dereg)(void *, void *);
+    int (*describe)(void *, void *, char *, size_t);
+  };
+  const struct sized_table sized = {sizeof sized, "abi-sized", plugin_reg, plugin_dereg, NULL};
+  struct plugin_state sized_state = {0, 0};
+  p.params.name = "abi-sized-table";
+  p.params.backend = (const mrc_backend_t *)(const void *)&sized;
+  p.params.backend_ctx = &sized_state;
+  cache = NULL;
+  CHECK(mrc_cache_create(&p.params, &cache) == MRC_OK);
+  if (cache != NULL) {
+    mrc_region_t *region = NULL;
+    CHECK(mrc_get(cache, mem, page, MRC_PROT_READ, &region) == MRC_OK);
+    CHECK(region != NULL && mrc_region_key(region) == 7000u && sized_state.regs == 1);
+    if (region != NULL) mrc_put(cache, region);
+    mrc_cache_destroy(cache);
+    CHECK(sized_state.deregs == sized_state.regs);
+  }
+  struct {
+    struct sized_table ops;
+    unsigned char canary[64];
+  } sc;
+  memset(&sc, CANARY, sizeof sc);
+  sc.ops = sized;
+  sc.ops.dereg = NULL;
+  CHECK(mrc_backend_complete((const mrc_backend_t *)(const void *)&sc.ops,
+                             (mrc_backend_t *)(void *)&sc.ops) == MRC_OK);
+  CHECK(canary_intact(sc.canary, sizeof sc.canary));
+  CHECK(sc.ops.struct_size == sizeof sized && sc.ops.reg == plugin_reg && sc.ops.dereg != NULL);
+  CHECK(strcmp(sc.ops.name, "abi-sized") == 0);
   munmap(mem, kPages * page);
 
   if (failures != 0) {

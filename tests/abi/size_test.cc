@@ -89,6 +89,14 @@ TEST(AbiSize, StatsBadSizeChangesNothing) {
   EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, 0), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, MRC_STATS_SIZE_0_1 - 1), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, sizeof(uint64_t)), MRC_ERR_INVALID);
+  EXPECT_NE(std::string(mrc_last_error()).find("size 8"), std::string::npos) << mrc_last_error();
+  // A garbage size (an uninitialised variable): refused, not a tail to zero past the struct.
+  for (size_t garbage : {size_t{4097}, size_t{1} << 40, static_cast<size_t>(-1)}) {
+    SCOPED_TRACE(garbage);
+    EXPECT_EQ(mrc_cache_stats_sized(guard.cache, stats, garbage), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(mrc_last_error()).find("at most 4096"), std::string::npos)
+        << mrc_last_error();
+  }
   EXPECT_TRUE(all_equal(buf.data(), buf.size(), kFill));
   // The inline wrapper passes the caller's sizeof.
   mrc_stats_t whole;
@@ -105,7 +113,17 @@ TEST(AbiSize, MonitorInfoSizes) {
   auto *info = reinterpret_cast<mrc_monitor_info_t *>(buf.data());
   EXPECT_EQ(mrc_monitor_info_sized(info, 0), MRC_ERR_INVALID);
   EXPECT_EQ(mrc_monitor_info_sized(info, MRC_MONITOR_INFO_SIZE_0_1 - 1), MRC_ERR_INVALID);
+  EXPECT_NE(std::string(mrc_last_error()).find("mrc_monitor_info: size"), std::string::npos)
+      << mrc_last_error();
+  for (size_t garbage : {size_t{4097}, size_t{1} << 40, static_cast<size_t>(-1)}) {
+    SCOPED_TRACE(garbage);
+    EXPECT_EQ(mrc_monitor_info_sized(info, garbage), MRC_ERR_INVALID);
+    EXPECT_NE(std::string(mrc_last_error()).find("at most 4096"), std::string::npos)
+        << mrc_last_error();
+  }
   EXPECT_TRUE(all_equal(buf.data(), buf.size(), kFill)) << "a refused size changed the struct";
+  EXPECT_EQ(mrc_monitor_info_sized(nullptr, sizeof *info), MRC_ERR_INVALID);
+  EXPECT_STREQ(mrc_last_error(), "mrc_monitor_info: info is NULL");
 
   ASSERT_EQ(mrc_monitor_info_sized(info, MRC_MONITOR_INFO_SIZE_0_1), MRC_OK);
   EXPECT_EQ(info->mode, reference.mode);
@@ -305,6 +323,10 @@ TEST(AbiSize, BackendStructSizeRule) {
 
   // Refused, and nothing changed: no cache, the output table untouched.
   FutureBackend out;
+  EXPECT_EQ(mrc_backend_complete(nullptr, &out.known), MRC_ERR_INVALID);
+  EXPECT_STREQ(mrc_last_error(), "mrc_backend_complete: in is NULL");
+  EXPECT_EQ(mrc_backend_complete(&p.known, nullptr), MRC_ERR_INVALID);
+  EXPECT_STREQ(mrc_last_error(), "mrc_backend_complete: out is NULL");
   for (size_t bad : {size_t{0}, MRC_BACKEND_SIZE_0_2 - 1, sizeof(void *),
                      static_cast<size_t>(-1) /* never initialised: not scanned for zeros */}) {
     SCOPED_TRACE(bad);
