@@ -23,7 +23,8 @@
  * written (fields a caller's older struct lacks take their defaults). Larger than the library's
  * struct: an output struct's unknown tail is zeroed; an input struct is refused with
  * MRC_ERR_INVALID unless its unknown tail is all zero (a field this library does not know must
- * not be silently ignored). An input struct_size above 4096 is refused as uninitialised.
+ * not be silently ignored). A struct_size or an output size above 4096 is refused as
+ * uninitialised.
  */
 #ifndef MRCACHE_MRCACHE_H
 #define MRCACHE_MRCACHE_H
