@@ -6,6 +6,12 @@
 // instead, which costs what no cache costs. Every so often a miss of a churning range is cached
 // anyway (a sample): one that pays ends the churn, and caching is back (docs/DESIGN.md, "Churn").
 //
+// A gap is bounded by cost too: a range whose buffer stopped churning pays uncached
+// registrations until the next sample, so the gap never holds more registrations than
+// kSamplesPerGap samples cost (a watch and an unmap's round trip each, when they churn). A range
+// whose registration costs more than half a sample is sampled within a few gets, whatever its
+// history; one whose registration is cheap may wait longer, and loses as little.
+//
 // A churning range's skips are tickets, counted down without the lock: a get takes one before
 // anything else (Cache::get), and then needs neither the exact mode's probe nor a lookup, since an
 // uncached registration is in no table. When they run out, the next miss is the sample, and the
@@ -18,6 +24,7 @@
 // that loses its entry to another starts learning again (it is cached meanwhile).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -26,9 +33,15 @@ namespace mrc {
 
 class ChurnHints {
  public:
+  // What a range's registrations and samples cost, in os::ticks(), as last measured.
+  struct Costs {
+    uint64_t registration;  // one registration (its deregistration is weighed the same)
+    uint64_t sample;        // a sample that churns: its watch and its unmap's round trip
+  };
+
   // A cached region starting at `start` left the table by an event; `paid`: caching it saved
-  // more than it cost (Cache::caching_paid).
-  void on_event_removed(uintptr_t start, bool paid) noexcept {
+  // more than it cost (Cache::caching_paid); `costs`: its own.
+  void on_event_removed(uintptr_t start, bool paid, Costs costs) noexcept {
     const size_t at = slot(start);
     Entry &entry = entries_[at];
     if (entry.start != start) {
@@ -48,7 +61,8 @@ class ChurnHints {
       entry.sample_every *= 2;  // the sample churned too: look less often
     }
     // The miss that ends the gap is the next sample.
-    publish(at, start, next_gap(entry.sample_every) - 1);
+    const uint16_t cap = gap_cap(costs);
+    publish(at, start, std::min(next_gap(std::min(entry.sample_every, cap)), cap) - 1);
   }
 
   // Any thread: whether a get at `start` registers uncached, taking one of its range's tickets
@@ -75,6 +89,16 @@ class ChurnHints {
   static constexpr uint16_t kFirstSample = 16;
   static constexpr uint16_t kLastSample = 1024;
   static constexpr size_t kEntries = 64;
+  // The most a gap's uncached registrations (and deregistrations) may cost, in samples.
+  static constexpr uint64_t kSamplesPerGap = 4;
+
+  // The registrations whose cost (with their deregistrations) is kSamplesPerGap samples': the
+  // longest gap worth its samples. At least 1.
+  static uint16_t gap_cap(Costs costs) noexcept {
+    if (costs.registration == 0) return kLastSample;  // not measured: the gaps alone decide
+    const uint64_t cap = kSamplesPerGap * costs.sample / (2 * costs.registration);
+    return static_cast<uint16_t>(std::clamp<uint64_t>(cap, 1, kLastSample));
+  }
 
   struct Entry {
     uintptr_t start = 0;
@@ -94,11 +118,12 @@ class ChurnHints {
                        std::memory_order_relaxed);
   }
 
+  // A draw from [sample_every/2, 3*sample_every/2), at least 1.
   uint16_t next_gap(uint16_t sample_every) noexcept {
     random_ ^= random_ << 13;  // xorshift32: the draw only needs to break periods
     random_ ^= random_ >> 17;
     random_ ^= random_ << 5;
-    return static_cast<uint16_t>(sample_every / 2 + random_ % sample_every);
+    return static_cast<uint16_t>(std::max(1U, sample_every / 2U + random_ % sample_every));
   }
 
   static size_t slot(uintptr_t start) noexcept {  // Fibonacci hashing of the page number

@@ -190,7 +190,10 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
       ++slow_.invalidations;
       // Only real registrations teach: a remembered failure is no cached registration.
       if (learn_churn_ && batch[i]->has(Region::kRegistered)) {
-        churn_.on_event_removed(batch[i]->start, caching_paid(*batch[i]));
+        const Region &region = *batch[i];
+        churn_.on_event_removed(region.start, caching_paid(region),
+                                {.registration = region.register_ticks,
+                                 .sample = region.watch_ticks + uffd::Monitor::round_trip_ticks()});
       }
       remove_locked(batch[i]);
     }

@@ -80,6 +80,25 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
     EXPECT_NE(field, nullptr) << json;
     return field == nullptr ? 0 : std::strtoull(field + key.size(), nullptr, 10);
   }
+  // A buffer that stays: mapped at the churned address, got and put until a get hits. Returns the
+  // gets before that hit (each registered: uncached, or the sample that the hit then finds).
+  uint64_t gets_until_cached() {
+    void *p = mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    EXPECT_EQ(p, address_);
+    if (p != address_) return 0;
+    uint64_t gets = 0;
+    for (mrc_stats_t before = stats(); gets < 10000; ++gets) {
+      mrc_region_t *region = nullptr;
+      EXPECT_EQ(mrc_get(cache, p, kPages * kPage, MRC_PROT_READ | MRC_PROT_WRITE, &region), MRC_OK);
+      if (region == nullptr) break;
+      mrc_put(cache, region);
+      const mrc_stats_t now = stats();
+      if (now.hits_fast + now.hits_slow != before.hits_fast + before.hits_slow) break;
+    }
+    munmap(p, kPages * kPage);
+    return gets;
+  }
   uint64_t churn_skips() { return json_counter("churn_skips"); }
   // Skips taken at the get's start: no probe, no lookup.
   uint64_t churn_unprobed() { return json_counter("churn_unprobed"); }
@@ -152,6 +171,12 @@ TEST_P(CacheChurn, ThreadsTakeEachTicketOnceAndThenHitTheSample) {
 
 TEST_P(CacheChurn, SamplesGetRarerWhileTheyKeepChurning) {
   create_cache(0);
+  // A round trip far longer than a registration of the counting backend (well under a
+  // microsecond): the gaps' cost bound (four samples' worth of registrations) is past 1024, so
+  // the back-off alone sets them, as for any registration far cheaper than a sample.
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mrc::uffd::testing::set_round_trip_ticks(mrc::os::ticks() - began);
   messages(2000, 1);
   // Without the back-off one miss in 16 would be cached: 125 of them. With it the gaps between
   // samples are at least 8, 16, 32, ... 512 misses: at most 8 samples in 1,998 misses, plus the
@@ -253,6 +278,43 @@ TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
   // per 8 misses at first) registers a range alone: used again, that one pays and caching is
   // back for two messages. Each of the eight messages after the teaching ones skips some.
   EXPECT_GE(churn_skips(), 2u * kGrowths);
+}
+
+// A gap between samples holds no more registrations than four samples cost (docs/DESIGN.md,
+// "Churn"): a buffer that stops churning is cached again within a few gets when its registration
+// costs as much as a sample (the round trip is set, not measured), however long its address
+// churned. Before, the gaps grew to 512..1536 misses whatever a registration cost.
+TEST_P(CacheChurn, ASteadyBufferIsCachedAgainWithinAFewGetsWhateverTheAddressChurned) {
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t round_trip = mrc::os::ticks() - began;  // 1 ms at least
+  for (const unsigned churns : {2U, 20U, 300U}) {
+    SCOPED_TRACE(churns);
+    create_cache(0);
+    mrc::uffd::testing::set_round_trip_ticks(round_trip);
+    backend.reg_spin_ticks = round_trip;  // a NIC's registration of a large buffer
+    messages(churns, 1);
+    // Gaps of at most 2 (four samples' worth of registrations and deregistrations): two
+    // uncached gets, the sample, then the hit. A watch or a registration measured longer than
+    // it is (a loaded host) makes the gap shorter or at most 4.
+    EXPECT_LE(gets_until_cached(), 5u);
+  }
+}
+
+// A cheap registration may wait longer, and loses as little: what the steady buffer's uncached
+// registrations cost stays within four samples' (watch and round trip), here 128 registrations
+// of a 64th of a round trip, after 3000 messages that taught the gaps to grow to 512..1536.
+TEST_P(CacheChurn, ASteadyBuffersUncachedRegistrationsCostAFewSamplesWhateverTheyCost) {
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t round_trip = mrc::os::ticks() - began;
+  create_cache(0);
+  mrc::uffd::testing::set_round_trip_ticks(round_trip);
+  backend.reg_spin_ticks = round_trip / 64;
+  messages(3000, 1);
+  // 128 skips at most, then the sample; the slack covers watches and registrations measured
+  // longer or shorter than their cost on a loaded host.
+  EXPECT_LE(gets_until_cached(), 200u);
 }
 
 TEST_P(CacheChurn, ASampleThatPaysTurnsCachingBackOn) {
