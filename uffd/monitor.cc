@@ -313,30 +313,8 @@ void stop_locked() noexcept {
   os::close_maps_descriptors();
 }
 
-namespace {
-
-// Returns once no unmap, remap or madvise of watched memory is in flight: one ioctl when
-// nothing is.
-//
-// Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
-// mmap lock; until the monitor reads it, another thread may already have mapped new memory at
-// the same addresses, and a watch entry still stands there. Watches accept that window (see
-// watch_table.h); unregistering does not: it would act on someone else's mapping. Once the probe
-// answers Clear, every such operation that happened before this call has been read, hence
-// (pending protocol) is visible to a drain that waits for `pending` to fall (docs/DESIGN.md,
-// "Exact under concurrent unmaps").
-void wait_for_unmaps_in_flight(int uffd) noexcept {
-  if (uffd < 0) return;
-  for (unsigned attempt = 0; probe_mmap_changing(uffd) == ProbeAnswer::Changing; ++attempt) {
-    if (attempt >= 16) sched_yield();  // the monitor needs the CPU to read the event
-  }
-}
-
-}  // namespace
-
-void sync_watches_locked(bool settle) noexcept {
+void sync_watches_locked() noexcept {
   if (!g_monitor.running) return;
-  if (settle) wait_for_unmaps_in_flight(g_monitor.uffd);
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
   // the snapshot that shows it (watch_table.h); the caller publishes the table again when done.
   g_monitor.watches.withdraw();
@@ -350,9 +328,24 @@ void sync_watches_locked(bool settle) noexcept {
   }
 }
 
-void evict_idle_watches_locked() noexcept {
-  sync_watches_locked(/*settle=*/true);
+// Why only when nothing is in flight: the kernel removes a VMA first and queues its UNMAP event
+// after dropping the mmap lock; until the monitor has read it, another thread may already have
+// mapped new memory at the same addresses, and a watch entry still stands there. Watches accept
+// that window (watch_table.h); unregistering does not: it would act on someone else's mapping.
+// Once the probe answers Clear, every such change begun before it has been read, hence (pending
+// protocol) is visible to the drain below, which waits for `pending` to fall
+// (docs/DESIGN.md, "Exact under concurrent unmaps").
+// Why never wait: the caller holds the registry mutex, which every first watch of a get needs,
+// and often its cache's mutex (a purge, the retirement of regions); an unmap stays in flight for
+// as long as the monitor is kept from reading it. Idle entries cost only their round trips
+// meanwhile, and the next locked call that finds them over the limit tries again
+// (docs/DESIGN.md, "Watching").
+bool evict_idle_watches_locked() noexcept {
+  if (g_monitor.uffd < 0) return false;
+  if (probe_mmap_changing(g_monitor.uffd) == ProbeAnswer::Changing) return false;
+  sync_watches_locked();
   g_monitor.watches.evict_idle();
+  return true;
 }
 
 // ---- fork ----

@@ -12,7 +12,8 @@
 //   every field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
 //   the watch table (g_monitor.watches) and the internal subscription that keeps it in step with
 //   the queue. subscribe, unsubscribe, Monitor::info, and the watch and unwatch calls that change
-//   more than a count take it.
+//   more than a count take it. Its holder never waits for an unmap in flight: eviction leaves idle
+//   entries for a later call instead (evict_idle_watches_locked).
 //   Not guarded: the watch table's fast path (watch/unwatch_many of memory whose piece already
 //   counts a watch, watches.h), which reads the internal subscription's quiescent() and the
 //   table's published snapshot inside an EpochGuard and changes only a piece's count
@@ -157,10 +158,12 @@ void stop_locked() noexcept;
 // Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away (a
 // REMAP's record is the old range; the moved VMA keeps its registration at the new address,
 // where the table records nothing: a watch there registers it again, a no-op for the kernel).
-// `settle`: first wait for unmaps in flight (before unregistering anything). Nothing to follow
-// while no monitor runs: the table is empty and the queue may be released (uncached mode).
-void sync_watches_locked(bool settle) noexcept;
-// Unregisters idle watch entries (past the limit, or to make room under the VMA budget).
-void evict_idle_watches_locked() noexcept;
+// Nothing to follow while no monitor runs: the table is empty and the queue may be released
+// (uncached mode).
+void sync_watches_locked() noexcept;
+// Unregisters idle watch entries (past the limit, or to make room under the VMA budget), after
+// syncing the table, when no unmap of watched memory is in flight. Never waits for the monitor:
+// with an unmap in flight it leaves them for a later call and returns false.
+bool evict_idle_watches_locked() noexcept;
 
 }  // namespace mrc::uffd::detail

@@ -174,9 +174,10 @@ class WatchTable {
   // Records were lost: any registration may be gone.
   void forget_all() noexcept;
 
-  // Idle entries past the limit, or a watch that wanted room under the VMA budget: the caller
-  // waits for unmaps in flight, drains, then calls evict_idle() (it unregisters; an entry still
-  // standing for memory already unmapped could cover someone else's mapping by now).
+  // Idle entries past the limit, or a watch that wanted room under the VMA budget: once no unmap
+  // is in flight (else later: it never waits), the caller drains, then calls evict_idle() (it
+  // unregisters; an entry still standing for memory already unmapped could cover someone else's
+  // mapping by now).
   bool wants_eviction() const noexcept { return idle_ > config_.idle_limit || wants_room(); }
   // The last watch() failed for want of room under the VMA budget, and idle entries hold some.
   bool wants_room() const noexcept { return room_wanted_ && idle_ > 0; }
