@@ -292,6 +292,10 @@ void start_locked() noexcept {
   config.own[0][1] = config.own[0][0] + g_monitor.stack_bytes;
   config.own[1][0] = g_monitor.queue.storage_begin();
   config.own[1][1] = g_monitor.queue.storage_end();
+  config.state[0][0] = reinterpret_cast<uintptr_t>(&g_monitor);
+  config.state[0][1] = config.state[0][0] + sizeof(g_monitor);
+  config.state[1][0] = reinterpret_cast<uintptr_t>(&g_paused);
+  config.state[1][1] = config.state[1][0] + sizeof(g_paused);
   config.brk_heap_start = os::brk_heap_start();
   g_monitor.watches.reset(config);
   MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());

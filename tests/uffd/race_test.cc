@@ -446,5 +446,57 @@ TEST_F(EvictionRace, AWatchThatNeedsRoomNeverWaitsForAnUnmapInFlight) {
   for (char *m : {idle, unmapped, fresh}) unmap_alone_pages(m, 16);
 }
 
+// ---- MISSING mode: the monitor resolves the first touch of every page of a watched mapping ----
+
+// A watch of one page registers its whole mapping (docs/DESIGN.md, "Watching"), so in MISSING
+// mode every untouched page of that mapping faults to the monitor, which maps the zero page.
+// Several threads touch the same untouched pages at once: two faults of one page race (the
+// second zero page meets the first: EEXIST, and the monitor wakes the thread, which finds the
+// page), reads must see zeros, and every thread's writes must stay.
+TEST(MissingMode, UntouchedPagesOfAWatchedMappingReadZeroAndTakeWritesFromSeveralThreads) {
+  ScopedEnv missing("MRC_MONITOR", "missing");
+  ScopedSubscription subscription;
+  if (subscription->mode() != MRC_MONITOR_MISSING) {
+    GTEST_SKIP() << "MISSING mode is not available here: " << monitor_info().reason;
+  }
+  constexpr int kThreads = 4;
+  constexpr size_t kPages = 512;
+  const size_t page = page_size();
+  char *p = map_alone_pages(kPages);
+  p[0] = 1;  // the buffer a get asks for, in use
+  ASSERT_EQ(uffd::watch(u(p), page), WatchResult::Watched);
+  ASSERT_TRUE(registered_with_uffd(u(p) + (kPages - 1) * page)) << "the whole mapping is watched";
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread starts at another page and walks all of them: some pages are first touched
+      // by a read, some by a write, some by several threads at once.
+      for (size_t i = 0; i < kPages; ++i) {
+        char *at = p + ((i + static_cast<size_t>(t) * kPages / kThreads) % kPages) * page;
+        if (at[kThreads + 1 + t] != 0 && failures.fetch_add(1) < 3) {
+          ADD_FAILURE() << "an untouched page did not read as zero";
+        }
+        at[1 + t] = static_cast<char>(1 + t);
+      }
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (size_t i = 0; i < kPages; ++i) {
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_EQ(p[i * page + 1 + static_cast<size_t>(t)], static_cast<char>(1 + t))
+          << "page " << i << ", thread " << t;
+    }
+  }
+  // Still one mapping, still watched: its unmap far from the watch is reported.
+  EXPECT_EQ(count_vmas_in(u(p), u(p) + kPages * page), 1u);
+  ASSERT_EQ(munmap(p + 300 * page, page), 0);
+  EXPECT_TRUE(covered(drain_all(subscription.get()), u(p + 300 * page), u(p + 301 * page),
+                      InvalidationKind::Unmap));
+  uffd::unwatch(u(p), page);
+  unmap_alone_pages(p, kPages);
+}
+
 }  // namespace
 }  // namespace mrc::uffd::test
