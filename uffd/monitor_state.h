@@ -7,7 +7,9 @@
 //   The monitor thread waits on the userfaultfd (readiness only) and on a control eventfd
 //   through io_uring; raises the queue's `pending`, read()s a batch of uffd_msg, publishes
 //   records, lowers `pending`. It never allocates, frees, logs, takes a lock, or calls a backend:
-//   anything it freed could be registered memory whose munmap waits for the monitor itself.
+//   anything it freed could be registered memory whose munmap waits for the monitor itself. Nor
+//   does it call libc's wrappers of the system calls it makes (monitor_thread.cc): a program's
+//   interposer would run on it, and in MISSING mode could fault on a watched page.
 //   g_monitor.mutex (the registry mutex) guards: the subscriber list and count, start/stop and
 //   every field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
 //   the watch table (g_monitor.watches) and the internal subscription that keeps it in step with

@@ -7,11 +7,12 @@
 // move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which the
 // kernel cannot move along with others; 6.18 moves the first VMA before it fails). In MISSING
 // mode the monitor thread then resolves the faults of the whole mapping; it must never fault on
-// a watched page itself, so no mapping that holds what it touches is watched (WatchConfig). The
-// brk heap (between start_brk and the break) is registered exactly, in every mode: nothing
-// mremaps the heap, brk() grows and shrinks it whatever its VMAs, and registering all of it made
-// every free() that trims the heap, and every madvise of its free memory, wait for the monitor
-// although no registration lay there (docs/DESIGN.md, "Watching").
+// a watched page itself, so no mapping that holds what it touches is watched (WatchConfig), and
+// it runs no code a program may interpose (monitor_thread.cc). The brk heap (between start_brk
+// and the break) is registered exactly, in every mode: nothing mremaps the heap, brk() grows and
+// shrinks it whatever its VMAs, and registering all of it made every free() that trims the heap,
+// and every madvise of its free memory, wait for the monitor although no registration lay there
+// (docs/DESIGN.md, "Watching").
 //
 // Two records:
 //  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
