@@ -95,6 +95,9 @@ void service(MonitorRun *run) noexcept {
   uint64_t fault_address[kBatch];
   uint64_t fault_flags[kBatch];
   while (g_paused.load(std::memory_order_relaxed)) {
+    // A stop ends the pause: leaving closes the userfaultfd, which releases the threads whose
+    // unmaps or (MISSING mode) faults wait here.
+    if (run->stop.load(std::memory_order_acquire)) return;
     sys_nanosleep(timespec{0, 1000000});
   }
   for (;;) {

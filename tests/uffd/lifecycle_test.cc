@@ -14,8 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <string>
+#include <thread>
 
 #include "tests/common/fork_child.h"
 #include "tests/uffd/helpers.h"
@@ -269,6 +272,56 @@ TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
         covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
     uffd::unwatch(u(p), length);
   }
+}
+
+// MISSING mode: a thread that touches an untouched page of a watched mapping waits until the
+// monitor resolves its fault. Stopping the monitor must release it, whatever the monitor was
+// doing: the monitor thread closes the userfaultfd as it leaves, which drops every registration
+// and wakes every fault, and the kernel then maps the page itself. Here the fault waits for a
+// paused monitor when the last subscriber leaves.
+TEST(Lifecycle, StoppingReleasesAThreadWaitingForItsFault) {
+  ScopedEnv missing("MRC_MONITOR", "missing");
+  Subscription *subscription = nullptr;
+  ASSERT_EQ(uffd::subscribe(&subscription), MRC_OK);
+  if (subscription->mode() != MRC_MONITOR_MISSING) {
+    uffd::unsubscribe(subscription);
+    GTEST_SKIP() << "MISSING mode is not available here: " << monitor_info().reason;
+  }
+  const size_t page = page_size();
+  // A mapping of its own (PROT_NONE guards): nothing else of this process merges into it.
+  char *raw = map_anonymous(18 * page, PROT_NONE);
+  char *p = raw + page;
+  ASSERT_EQ(mprotect(p, 16 * page, PROT_READ | PROT_WRITE), 0);
+  ASSERT_EQ(uffd::watch(u(p), page), WatchResult::Watched);
+  testing::pause_monitor(true);
+  struct Resume {
+    ~Resume() { testing::pause_monitor(false); }
+  } resume;
+  std::atomic<bool> touched{false};
+  std::thread toucher([&] {
+    EXPECT_EQ(*static_cast<volatile char *>(p + 8 * page), 0);
+    touched.store(true);
+  });
+  usleep(50000);
+  EXPECT_FALSE(touched.load()) << "the fault did not wait for the monitor";
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    uffd::unsubscribe(subscription);
+    stopped.store(true);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!(stopped.load() && touched.load()) && std::chrono::steady_clock::now() < deadline) {
+    usleep(1000);
+  }
+  const bool stopped_in_time = stopped.load();
+  const bool released_in_time = touched.load();
+  testing::pause_monitor(false);  // a stop that hangs on the paused monitor ends now
+  stopper.join();
+  toucher.join();
+  EXPECT_TRUE(stopped_in_time) << "the stop waited for the paused monitor";
+  EXPECT_TRUE(released_in_time) << "the faulting thread was not released by the stop";
+  EXPECT_EQ(monitor_info().running, 0);
+  munmap(raw, 18 * page);
 }
 
 // ---- fork ----
