@@ -94,6 +94,18 @@ void become_uncached_locked(bool unavailable) noexcept {
   if (unavailable) say_uncached_once(g_monitor.reason);
 }
 
+// The mode was negotiated, but its run could not start: caching is off. The reason says so and
+// why; negotiation's text described the mode as if it ran, so only the mode's name is kept.
+void fail_start_locked(mrc_monitor_mode_t negotiated, const char *what,
+                       const char *error_name = nullptr) noexcept {
+  Text why{g_monitor.reason, sizeof(g_monitor.reason)};
+  why.add("%s", what);
+  if (error_name != nullptr) why.add(" (%s)", error_name);
+  why.add("; every get registers, the last put deregisters (%s mode was negotiated)",
+          mode_name(negotiated));
+  become_uncached_locked(true);
+}
+
 uint64_t default_vma_budget() noexcept {
   uint64_t max_map_count = 65530;
   const int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
@@ -174,11 +186,11 @@ void start_locked() noexcept {
   const size_t capacity = g_monitor.queue_capacity.load(std::memory_order_relaxed);
   const char *failed = nullptr;
   if (g_monitor.queue.allocate(capacity != 0 ? capacity : kDefaultQueueCapacity) != MRC_OK) {
-    failed = "cannot allocate the invalidation queue";
+    failed = "the monitor could not start: no memory for the invalidation queue";
   }
   if (failed == nullptr) {
     g_monitor.control = eventfd(0, EFD_CLOEXEC);
-    if (g_monitor.control < 0) failed = "eventfd failed";
+    if (g_monitor.control < 0) failed = "the monitor could not start: eventfd failed";
   }
   if (failed == nullptr) {
     const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -189,7 +201,7 @@ void start_locked() noexcept {
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_POPULATE, -1, 0);
     if (g_monitor.stack == MAP_FAILED) {
       g_monitor.stack = nullptr;
-      failed = "cannot allocate the monitor's stack";
+      failed = "the monitor could not start: no memory for its thread's stack";
     } else {
       // Guard pages at both ends, and a VMA flag of its own: the kernel must never merge an
       // application's adjacent mapping into the stack's VMA (watch() refuses our own memory).
@@ -218,10 +230,7 @@ void start_locked() noexcept {
     // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
   }
   if (failed != nullptr) {
-    Text why{g_monitor.reason, sizeof(g_monitor.reason)};
-    why.used = strlen(g_monitor.reason);
-    why.add("; but %s", failed);
-    become_uncached_locked(true);
+    fail_start_locked(negotiated.mode, failed);
     return;
   }
 
@@ -254,14 +263,13 @@ void start_locked() noexcept {
   sigset_t previous;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &previous);
-  const int rc = pthread_create(&g_monitor.thread, &attr, monitor_main, &g_monitor.run);
+  const int forced = g_monitor.thread_start_error.load(std::memory_order_relaxed);
+  const int rc =
+      forced != 0 ? forced : pthread_create(&g_monitor.thread, &attr, monitor_main, &g_monitor.run);
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
-    Text why{g_monitor.reason, sizeof(g_monitor.reason)};
-    why.used = strlen(g_monitor.reason);
-    why.add("; but the monitor thread could not start (%s)", strerrorname_np(rc));
-    become_uncached_locked(true);
+    fail_start_locked(negotiated.mode, "the monitor thread could not start", strerrorname_np(rc));
     return;
   }
   pthread_setname_np(g_monitor.thread, "mrc-monitor");

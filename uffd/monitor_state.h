@@ -26,6 +26,8 @@
 //   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
 //   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
 //   g_monitor.events (relaxed counter, read by info()), and the kernel's objects.
+//   The test controls (queue_capacity ... thread_start_error) are relaxed atomics, read at the
+//   next start or call: they publish nothing.
 //   g_monitor.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale
 //   mode only affects a report). g_probe_fd (probe.h) is read without the lock by
 //   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see there why
@@ -121,6 +123,8 @@ struct MonitorState {
   std::atomic<bool> force_poll{false};
   // Replaces the measured round trip in Monitor::round_trip_ticks() when not 0.
   std::atomic<uint64_t> round_trip_override{0};
+  // Not 0: what start_locked() takes pthread_create to have returned.
+  std::atomic<int> thread_start_error{0};
 
   WatchTable watches;
 

@@ -203,6 +203,32 @@ TEST(Lifecycle, ModesCanBeForced) {
   EXPECT_NE(std::string(monitor_info().reason).find("not understood"), std::string::npos);
 }
 
+// A process out of threads: the mode was negotiated, but the monitor thread cannot be created,
+// so caching is off. The reason says that and why; it must not describe the negotiated mode
+// (watches, probes) as if it ran.
+TEST(Lifecycle, AMonitorThreadThatCannotStartMeansUncachedAndTheReasonSaysWhy) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  testing::fail_monitor_thread_start(EAGAIN);
+  struct Restore {
+    ~Restore() { testing::fail_monitor_thread_start(0); }
+  } restore;
+  ScopedSubscription subscription;
+  EXPECT_EQ(subscription->mode(), MRC_MONITOR_UNCACHED);
+  const mrc_monitor_info_t info = monitor_info();
+  EXPECT_EQ(info.mode, MRC_MONITOR_UNCACHED);
+  EXPECT_EQ(info.running, 0);
+  const std::string reason = info.reason;
+  EXPECT_EQ(reason.rfind("the monitor thread could not start (EAGAIN)", 0), 0u) << reason;
+  EXPECT_NE(reason.find("every get registers"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("exact gets"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("registration watches"), std::string::npos) << reason;
+  char why[256] = "";
+  char *p = map_anonymous(page_size());
+  EXPECT_EQ(uffd::watch(u(p), page_size(), why, sizeof(why)), WatchResult::NotMonitorable);
+  EXPECT_TRUE(subscription->quiescent());
+  munmap(p, page_size());
+}
+
 TEST(Lifecycle, InfoWithoutSubscribersProbesTheMode) {
   const mrc_monitor_info_t info = monitor_info();
   EXPECT_EQ(info.running, 0);
