@@ -96,6 +96,18 @@ void become_uncached_locked(bool unavailable) noexcept {
   if (unavailable) say_uncached_once(g_monitor.reason);
 }
 
+// The mode was negotiated, but its run could not start: caching is off. The reason says so and
+// why; negotiation's text described the mode as if it ran, so only the mode's name is kept.
+void fail_start_locked(mrc_monitor_mode_t negotiated, const char *what,
+                       const char *error_name = nullptr) noexcept {
+  Text why{g_monitor.reason, sizeof(g_monitor.reason)};
+  why.add("%s", what);
+  if (error_name != nullptr) why.add(" (%s)", error_name);
+  why.add("; every get registers, the last put deregisters (%s mode was negotiated)",
+          mode_name(negotiated));
+  become_uncached_locked(true);
+}
+
 uint64_t default_vma_budget() noexcept {
   uint64_t max_map_count = 65530;
   const int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
@@ -176,11 +188,11 @@ void start_locked() noexcept {
   const size_t capacity = g_monitor.queue_capacity.load(std::memory_order_relaxed);
   const char *failed = nullptr;
   if (g_monitor.queue.allocate(capacity != 0 ? capacity : kDefaultQueueCapacity) != MRC_OK) {
-    failed = "cannot allocate the invalidation queue";
+    failed = "the monitor could not start: no memory for the invalidation queue";
   }
   if (failed == nullptr) {
     g_monitor.control = eventfd(0, EFD_CLOEXEC);
-    if (g_monitor.control < 0) failed = "eventfd failed";
+    if (g_monitor.control < 0) failed = "the monitor could not start: eventfd failed";
   }
   if (failed == nullptr) {
     const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -191,7 +203,7 @@ void start_locked() noexcept {
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_POPULATE, -1, 0);
     if (g_monitor.stack == MAP_FAILED) {
       g_monitor.stack = nullptr;
-      failed = "cannot allocate the monitor's stack";
+      failed = "the monitor could not start: no memory for its thread's stack";
     } else {
       // Guard pages at both ends, and a VMA flag of its own: the kernel must never merge an
       // application's adjacent mapping into the stack's VMA (watch() refuses our own memory).
@@ -220,10 +232,7 @@ void start_locked() noexcept {
     // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
   }
   if (failed != nullptr) {
-    Text why{g_monitor.reason, sizeof(g_monitor.reason)};
-    why.used = strlen(g_monitor.reason);
-    why.add("; but %s", failed);
-    become_uncached_locked(true);
+    fail_start_locked(negotiated.mode, failed);
     return;
   }
 
@@ -256,14 +265,13 @@ void start_locked() noexcept {
   sigset_t previous;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &previous);
-  const int rc = pthread_create(&g_monitor.thread, &attr, monitor_main, &g_monitor.run);
+  const int forced = g_monitor.thread_start_error.load(std::memory_order_relaxed);
+  const int rc =
+      forced != 0 ? forced : pthread_create(&g_monitor.thread, &attr, monitor_main, &g_monitor.run);
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
-    Text why{g_monitor.reason, sizeof(g_monitor.reason)};
-    why.used = strlen(g_monitor.reason);
-    why.add("; but the monitor thread could not start (%s)", strerrorname_np(rc));
-    become_uncached_locked(true);
+    fail_start_locked(negotiated.mode, "the monitor thread could not start", strerrorname_np(rc));
     return;
   }
   pthread_setname_np(g_monitor.thread, "mrc-monitor");
@@ -294,6 +302,10 @@ void start_locked() noexcept {
   config.own[0][1] = config.own[0][0] + g_monitor.stack_bytes;
   config.own[1][0] = g_monitor.queue.storage_begin();
   config.own[1][1] = g_monitor.queue.storage_end();
+  config.state[0][0] = reinterpret_cast<uintptr_t>(&g_monitor);
+  config.state[0][1] = config.state[0][0] + sizeof(g_monitor);
+  config.state[1][0] = reinterpret_cast<uintptr_t>(&g_paused);
+  config.state[1][1] = config.state[1][0] + sizeof(g_paused);
   config.brk_heap_start = os::brk_heap_start();
   g_monitor.watches.reset(config);
   MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());
@@ -315,30 +327,8 @@ void stop_locked() noexcept {
   os::close_maps_descriptors();
 }
 
-namespace {
-
-// Returns once no unmap, remap or madvise of watched memory is in flight: one ioctl when
-// nothing is.
-//
-// Why: the kernel removes the VMA first and queues the UNMAP event only after dropping the
-// mmap lock; until the monitor reads it, another thread may already have mapped new memory at
-// the same addresses, and a watch entry still stands there. Watches accept that window (see
-// watch_table.h); unregistering does not: it would act on someone else's mapping. Once the probe
-// answers Clear, every such operation that happened before this call has been read, hence
-// (pending protocol) is visible to a drain that waits for `pending` to fall (docs/DESIGN.md,
-// "Exact under concurrent unmaps").
-void wait_for_unmaps_in_flight(int uffd) noexcept {
-  if (uffd < 0) return;
-  for (unsigned attempt = 0; probe_mmap_changing(uffd) == ProbeAnswer::Changing; ++attempt) {
-    if (attempt >= 16) sched_yield();  // the monitor needs the CPU to read the event
-  }
-}
-
-}  // namespace
-
-void sync_watches_locked(bool settle) noexcept {
+void sync_watches_locked() noexcept {
   if (!g_monitor.running) return;
-  if (settle) wait_for_unmaps_in_flight(g_monitor.uffd);
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
   // the snapshot that shows it (watch_table.h); the caller publishes the table again when done.
   g_monitor.watches.withdraw();
@@ -352,9 +342,24 @@ void sync_watches_locked(bool settle) noexcept {
   }
 }
 
-void evict_idle_watches_locked() noexcept {
-  sync_watches_locked(/*settle=*/true);
+// Why only when nothing is in flight: the kernel removes a VMA first and queues its UNMAP event
+// after dropping the mmap lock; until the monitor has read it, another thread may already have
+// mapped new memory at the same addresses, and a watch entry still stands there. Watches accept
+// that window (watch_table.h); unregistering does not: it would act on someone else's mapping.
+// Once the probe answers Clear, every such change begun before it has been read, hence (pending
+// protocol) is visible to the drain below, which waits for `pending` to fall
+// (docs/DESIGN.md, "Exact under concurrent unmaps").
+// Why never wait: the caller holds the registry mutex, which every first watch of a get needs,
+// and often its cache's mutex (a purge, the retirement of regions); an unmap stays in flight for
+// as long as the monitor is kept from reading it. Idle entries cost only their round trips
+// meanwhile, and the next locked call that finds them over the limit tries again
+// (docs/DESIGN.md, "Watching").
+bool evict_idle_watches_locked() noexcept {
+  if (g_monitor.uffd < 0) return false;
+  if (probe_mmap_changing(g_monitor.uffd) == ProbeAnswer::Changing) return false;
+  sync_watches_locked();
   g_monitor.watches.evict_idle();
+  return true;
 }
 
 // ---- fork ----

@@ -7,12 +7,15 @@
 //   The monitor thread waits on the userfaultfd (readiness only) and on a control eventfd
 //   through io_uring; raises the queue's `pending`, read()s a batch of uffd_msg, publishes
 //   records, lowers `pending`. It never allocates, frees, logs, takes a lock, or calls a backend:
-//   anything it freed could be registered memory whose munmap waits for the monitor itself.
+//   anything it freed could be registered memory whose munmap waits for the monitor itself. Nor
+//   does it call libc's wrappers of the system calls it makes (monitor_thread.cc): a program's
+//   interposer would run on it, and in MISSING mode could fault on a watched page.
 //   g_monitor.mutex (the registry mutex) guards: the subscriber list and count, start/stop and
 //   every field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
 //   the watch table (g_monitor.watches) and the internal subscription that keeps it in step with
 //   the queue. subscribe, unsubscribe, Monitor::info, and the watch and unwatch calls that change
-//   more than a count take it.
+//   more than a count take it. Its holder never waits for an unmap in flight: eviction leaves idle
+//   entries for a later call instead (evict_idle_watches_locked).
 //   Not guarded: the watch table's fast path (watch/unwatch_many of memory whose piece already
 //   counts a watch, watches.h), which reads the internal subscription's quiescent() and the
 //   table's published snapshot inside an EpochGuard and changes only a piece's count
@@ -23,6 +26,8 @@
 //   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
 //   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
 //   g_monitor.events (relaxed counter, read by info()), and the kernel's objects.
+//   The test controls (queue_capacity ... thread_start_error) are relaxed atomics, read at the
+//   next start or call: they publish nothing.
 //   g_monitor.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale
 //   mode only affects a report). g_probe_fd (probe.h) is read without the lock by
 //   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see there why
@@ -118,6 +123,8 @@ struct MonitorState {
   std::atomic<bool> force_poll{false};
   // Replaces the measured round trip in Monitor::round_trip_ticks() when not 0.
   std::atomic<uint64_t> round_trip_override{0};
+  // Not 0: what start_locked() takes pthread_create to have returned.
+  std::atomic<int> thread_start_error{0};
 
   WatchTable watches;
 
@@ -157,10 +164,12 @@ void stop_locked() noexcept;
 // Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away (a
 // REMAP's record is the old range; the moved VMA keeps its registration at the new address,
 // where the table records nothing: a watch there registers it again, a no-op for the kernel).
-// `settle`: first wait for unmaps in flight (before unregistering anything). Nothing to follow
-// while no monitor runs: the table is empty and the queue may be released (uncached mode).
-void sync_watches_locked(bool settle) noexcept;
-// Unregisters idle watch entries (past the limit, or to make room under the VMA budget).
-void evict_idle_watches_locked() noexcept;
+// Nothing to follow while no monitor runs: the table is empty and the queue may be released
+// (uncached mode).
+void sync_watches_locked() noexcept;
+// Unregisters idle watch entries (past the limit, or to make room under the VMA budget), after
+// syncing the table, when no unmap of watched memory is in flight. Never waits for the monitor:
+// with an unmap in flight it leaves them for a later call and returns false.
+bool evict_idle_watches_locked() noexcept;
 
 }  // namespace mrc::uffd::detail

@@ -28,6 +28,27 @@ constexpr size_t kBatch = 64;  // uffd_msg per read()
 constexpr uint64_t kUffdReady = 1;
 constexpr uint64_t kControlRead = 2;
 
+// This thread calls the kernel through syscall(), never through libc's read, ioctl, poll,
+// nanosleep or close: a program may interpose those (an I/O profiler or a socket accelerator,
+// preloaded), and their code, run here, could touch memory of a watched mapping that nothing
+// touched before. In MISSING mode that fault would wait for this very thread, and the process
+// would hang (docs/DESIGN.md, "Watching"). liburing enters the kernel by itself.
+ssize_t sys_read(int fd, void *buffer, size_t length) noexcept {
+  return syscall(SYS_read, fd, buffer, length);
+}
+int sys_ioctl(int fd, unsigned long request, void *argument) noexcept {
+  return static_cast<int>(syscall(SYS_ioctl, fd, request, argument));
+}
+int sys_poll(pollfd *fds, nfds_t count, int timeout_ms) noexcept {
+  timespec timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  return static_cast<int>(
+      syscall(SYS_ppoll, fds, count, timeout_ms < 0 ? nullptr : &timeout, nullptr, 0));
+}
+void sys_nanosleep(const timespec &duration) noexcept {
+  (void)syscall(SYS_nanosleep, &duration, nullptr);
+}
+void sys_close(int fd) noexcept { (void)syscall(SYS_close, fd); }
+
 void publish(MonitorRun *run, InvalidationKind kind, uint64_t start, uint64_t end) noexcept {
   // The test switch (testing::set_drop_events; MRC_TEST_DROP_EVENTS=1 in test programs only):
   // read and count events but publish nothing, so that the stress harness can prove its oracle
@@ -54,17 +75,17 @@ void resolve_fault(const MonitorRun *run, uint64_t address, uint64_t flags) noex
     uffdio_writeprotect unprotect{};
     unprotect.range.start = start;
     unprotect.range.len = page;
-    if (ioctl(run->uffd, UFFDIO_WRITEPROTECT, &unprotect) == 0) return;
+    if (sys_ioctl(run->uffd, UFFDIO_WRITEPROTECT, &unprotect) == 0) return;
   } else {
     uffdio_zeropage zero{};
     zero.range.start = start;
     zero.range.len = page;
-    if (ioctl(run->uffd, UFFDIO_ZEROPAGE, &zero) == 0) return;
+    if (sys_ioctl(run->uffd, UFFDIO_ZEROPAGE, &zero) == 0) return;
   }
   // EEXIST (populated meanwhile), EAGAIN (the address space is changing), ENOENT (gone): wake
   // the thread; it retries the access and faults again if the page is still missing.
   uffdio_range range{start, page};
-  (void)ioctl(run->uffd, UFFDIO_WAKE, &range);
+  (void)sys_ioctl(run->uffd, UFFDIO_WAKE, &range);
 }
 
 // Reads every queued message. The order is the protocol: raise pending, read, publish, lower
@@ -74,14 +95,16 @@ void service(MonitorRun *run) noexcept {
   uint64_t fault_address[kBatch];
   uint64_t fault_flags[kBatch];
   while (g_paused.load(std::memory_order_relaxed)) {
-    const timespec tick{0, 1000000};
-    nanosleep(&tick, nullptr);
+    // A stop ends the pause: leaving closes the userfaultfd, which releases the threads whose
+    // unmaps or (MISSING mode) faults wait here.
+    if (run->stop.load(std::memory_order_acquire)) return;
+    sys_nanosleep(timespec{0, 1000000});
   }
   for (;;) {
     run->queue->begin_batch();
     ssize_t n;
     do {
-      n = read(run->uffd, messages, sizeof(messages));
+      n = sys_read(run->uffd, messages, sizeof(messages));
     } while (n < 0 && errno == EINTR);
     const size_t count = n > 0 ? static_cast<size_t>(n) / sizeof(uffd_msg) : 0;
     size_t faults = 0;
@@ -124,12 +147,12 @@ void service(MonitorRun *run) noexcept {
 void poll_loop(MonitorRun *run, int timeout_ms) noexcept {
   for (;;) {
     pollfd fds[2] = {{run->uffd, POLLIN, 0}, {run->control, POLLIN, 0}};
-    const int rc = poll(fds, 2, timeout_ms);
+    const int rc = sys_poll(fds, 2, timeout_ms);
     if (rc > 0 && (fds[0].revents & POLLIN) != 0) service(run);
     if (run->stop.load(std::memory_order_acquire)) return;
     if (rc > 0 && (fds[1].revents & POLLIN) != 0) {
       uint64_t value;
-      ssize_t ignored = read(run->control, &value, sizeof(value));
+      ssize_t ignored = sys_read(run->control, &value, sizeof(value));
       (void)ignored;
     }
   }
@@ -279,7 +302,7 @@ void *monitor_main(void *arg) {
   // once. Thread exit may unmap memory on this thread (a sanitizer's or a preloaded runtime's
   // per-thread data, merged into a watched mapping); with the registrations still in place that
   // munmap would wait for an UNMAP reader, which is this very thread.
-  close(run->uffd);
+  sys_close(run->uffd);
   run->closed_uffd = true;
   return nullptr;
 }

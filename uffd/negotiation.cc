@@ -251,8 +251,8 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
         break;
       default:
         why.add(
-            "%s, MISSING mode: the monitor resolves every fault with a zero page; private "
-            "anonymous memory only (write-protect mode needs Linux 5.7)",
+            "%s, MISSING mode: the monitor resolves every fault in watched mappings with a "
+            "zero page; private anonymous memory only (write-protect mode needs Linux 5.7)",
             fd.how);
         break;
     }

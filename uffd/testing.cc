@@ -27,6 +27,9 @@ void set_round_trip_ticks(uint64_t ticks) {
   g_monitor.round_trip_override.store(ticks, std::memory_order_relaxed);
 }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
+void fail_monitor_thread_start(int error) {
+  g_monitor.thread_start_error.store(error, std::memory_order_relaxed);
+}
 uint64_t registrations() { return detail::g_registrations.load(std::memory_order_relaxed); }
 uint64_t snapshots() { return detail::g_snapshots.load(std::memory_order_relaxed); }
 void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {

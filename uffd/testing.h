@@ -18,8 +18,12 @@ void force_poll_loop(bool on);
 // What Monitor::round_trip_ticks() reports from now on, in place of the measured round trip (a
 // host's load makes the measurement vary); 0 = the measurement again.
 void set_round_trip_ticks(uint64_t ticks);
-// While on, the monitor leaves events unread (their unmappers stay blocked in the kernel).
+// While on, the monitor leaves events unread (their unmappers stay blocked in the kernel), and
+// in MISSING mode faults unanswered (their threads wait); a stop ends the pause.
 void pause_monitor(bool on);
+// From the next monitor start, creating the monitor thread fails with `error` (what
+// pthread_create returns: EAGAIN when the process is out of threads); 0 = it is created.
+void fail_monitor_thread_start(int error);
 // From the next monitor start, `wanted()` (called then, under the registry mutex) decides
 // whether the monitor reads and counts events but publishes none: a cache that misses every
 // invalidation, for proving that an oracle catches one. nullptr = never (the default). Installed

@@ -204,7 +204,7 @@ void WatchTable::forget(uintptr_t start, uintptr_t end, bool unmap) noexcept {
       entries_.erase_at(at);
     }
   }
-  if (unmap && hole && config_.mode != MRC_MONITOR_MISSING) adopt_replacement(start, end);
+  if (unmap && hole) adopt_replacement(start, end);
 }
 
 // A mapping that lies inside the hole an unmap cut into registered memory, and so was most
@@ -337,6 +337,22 @@ bool WatchTable::acceptable(const os::Vma &mapping, char *why, size_t why_len) c
     }
   }
   if (config_.mode == MRC_MONITOR_MISSING) {
+    // The monitor thread itself must never fault on a watched page: nothing could answer it. It
+    // touches only its stack, the queue and its state, and pages of the mapping that holds its
+    // state may be untouched (a .bss shared with the library's other globals, or with the
+    // application's when it links the library statically).
+    for (const auto &state : config_.state) {
+      if (state[0] != state[1] && overlaps(mapping.start, mapping.end, state[0], state[1])) {
+        set_text(why, why_len,
+                 "missing mode never watches the mapping that holds the monitor's own state");
+        return false;
+      }
+    }
+    // Every page of the mapping not yet present faults to the monitor, which maps the zero page
+    // (UFFDIO_ZEROPAGE). Shared memory could be answered so too (a zeroed page fills the file's
+    // hole; it needs UFFD_FEATURE_MISSING_SHMEM), hugetlbfs only by a UFFDIO_COPY of a zeroed
+    // huge page (it has no zero page). MISSING mode, the fallback of kernels without
+    // write-protect registration, takes neither: their gets register uncached.
     static const size_t base_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     if (!mapping.anonymous || mapping.page_size != base_page) {
       set_text(why, why_len,
@@ -361,9 +377,8 @@ bool WatchTable::in_brk_heap(const os::Vma &mapping) const noexcept {
   return mapping.start < brk_now;
 }
 
-// Registers the mapping at `at` (in MISSING mode and in the brk heap only its part in
-// [at, end)), records it, and sets *next to the end of what it registered. REQUIRES: no entry
-// contains `at`.
+// Registers the mapping at `at` (in the brk heap only its part in [at, end)), records it, and
+// sets *next to the end of what it registered. REQUIRES: no entry contains `at`.
 bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, char *why,
                                size_t why_len) {
   for (int attempt = 1;; ++attempt) {
@@ -377,7 +392,7 @@ bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, cha
       return false;
     }
     if (!acceptable(mapping, why, why_len)) return false;
-    const bool exact = config_.mode == MRC_MONITOR_MISSING || in_brk_heap(mapping);
+    const bool exact = in_brk_heap(mapping);
     const uintptr_t lo = exact ? at : mapping.start;
     const uintptr_t hi = exact ? std::min(end, mapping.end) : mapping.end;
 
@@ -454,19 +469,17 @@ void WatchTable::unregister_entry(size_t index) noexcept {
   uintptr_t hi = entries_.items[index].end;
   account(&entries_.items[index], false);
   entries_.erase_at(index);
-  if (config_.mode != MRC_MONITOR_MISSING) {
-    // Never leave a split behind: a VMA that grew in place (no event) carries our registration
-    // past the entry. Take the whole VMA when no other entry and no watch lies in the rest.
-    auto quiet = [this](uintptr_t from, uintptr_t to) {
-      return entries_.overlapping(from, to) == 0 && pieces_.overlapping(from, to) == 0;
-    };
-    os::Vma mapping;
-    if (os::query_vma(lo, &mapping) == MRC_OK && mapping.start < lo && quiet(mapping.start, lo)) {
-      lo = mapping.start;
-    }
-    if (os::query_vma(hi - 1, &mapping) == MRC_OK && mapping.end > hi && quiet(hi, mapping.end)) {
-      hi = mapping.end;
-    }
+  // Never leave a split behind: a VMA that grew in place (no event) carries our registration
+  // past the entry. Take the whole VMA when no other entry and no watch lies in the rest.
+  auto quiet = [this](uintptr_t from, uintptr_t to) {
+    return entries_.overlapping(from, to) == 0 && pieces_.overlapping(from, to) == 0;
+  };
+  os::Vma mapping;
+  if (os::query_vma(lo, &mapping) == MRC_OK && mapping.start < lo && quiet(mapping.start, lo)) {
+    lo = mapping.start;
+  }
+  if (os::query_vma(hi - 1, &mapping) == MRC_OK && mapping.end > hi && quiet(hi, mapping.end)) {
+    hi = mapping.end;
   }
   unregister(lo, hi);
 }

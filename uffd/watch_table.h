@@ -1,17 +1,18 @@
 // The watch table, private to uffd/ (its face is watches.h): what is registered with the
 // userfaultfd, and how many watches each part of the address space carries.
 //
-// Registration follows the kernel's VMAs. In the write-protect modes a watch registers every
-// whole VMA (mapping) it touches, never a part of one: registering part of a VMA splits it, and
-// the application's mremap of a range that spans several VMAs fails with EFAULT (a grow always;
-// a move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which
-// the kernel cannot move along with others). MISSING mode registers exactly the pages asked for,
-// because the monitor thread resolves the faults there and must never fault on memory it did not
-// choose (a runtime's per-thread data merged into the same VMA): its splits are the price. So
-// does every mode in the brk heap (between start_brk and the break): nothing mremaps the heap,
-// brk() grows and shrinks it whatever its VMAs, and registering all of it made every free() that
-// trims the heap, and every madvise of its free memory, wait for the monitor although no
-// registration lay there (docs/DESIGN.md, "Watching").
+// Registration follows the kernel's VMAs. In every mode a watch registers every whole VMA
+// (mapping) it touches, never a part of one: registering part of a VMA splits it, and the
+// application's mremap of a range that spans several VMAs fails with EFAULT (a grow always; a
+// move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which the
+// kernel cannot move along with others; 6.18 moves the first VMA before it fails). In MISSING
+// mode the monitor thread then resolves the faults of the whole mapping; it must never fault on
+// a watched page itself, so no mapping that holds what it touches is watched (WatchConfig), and
+// it runs no code a program may interpose (monitor_thread.cc). The brk heap (between start_brk
+// and the break) is registered exactly, in every mode: nothing mremaps the heap, brk() grows and
+// shrinks it whatever its VMAs, and registering all of it made every free() that trims the heap,
+// and every madvise of its free memory, wait for the monitor although no registration lay there
+// (docs/DESIGN.md, "Watching").
 //
 // Two records:
 //  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
@@ -40,8 +41,8 @@
 // mapped memory there again, an entry over it would answer watches of memory that nothing
 // registered, and that memory's unmap would never be seen.
 //
-// VMA accounting: a registered entry adds at most two VMAs (MISSING mode: the splits at its
-// edges; otherwise neighbours it keeps from merging with it). vmas_added() = 2 x entries is that
+// VMA accounting: a registered entry adds at most two VMAs (neighbours it keeps from merging
+// with it; in the brk heap, the splits at its edges). vmas_added() = 2 x entries is that
 // upper bound, kept under the budget from vm.max_map_count: past it idle entries go first, then
 // watch() answers NotMonitorable rather than let the application's next mmap fail with ENOMEM.
 //
@@ -127,6 +128,9 @@ struct WatchConfig {
   // The monitor's own memory (thread stack, queue): never watched, because in MISSING mode a
   // fault there would wait for the monitor itself.
   uintptr_t own[2][2] = {{0, 0}, {0, 0}};
+  // The state the monitor thread reads (g_monitor, g_paused), in the library's data or, linked
+  // statically, the application's: in MISSING mode no mapping that holds it is watched either.
+  uintptr_t state[2][2] = {{0, 0}, {0, 0}};
   // Where the brk heap starts (os::brk_heap_start(); 0: unknown, the heap is watched whole).
   uintptr_t brk_heap_start = 0;
 };
@@ -174,9 +178,10 @@ class WatchTable {
   // Records were lost: any registration may be gone.
   void forget_all() noexcept;
 
-  // Idle entries past the limit, or a watch that wanted room under the VMA budget: the caller
-  // waits for unmaps in flight, drains, then calls evict_idle() (it unregisters; an entry still
-  // standing for memory already unmapped could cover someone else's mapping by now).
+  // Idle entries past the limit, or a watch that wanted room under the VMA budget: once no unmap
+  // is in flight (else later: it never waits), the caller drains, then calls evict_idle() (it
+  // unregisters; an entry still standing for memory already unmapped could cover someone else's
+  // mapping by now).
   bool wants_eviction() const noexcept { return idle_ > config_.idle_limit || wants_room(); }
   // The last watch() failed for want of room under the VMA budget, and idle entries hold some.
   bool wants_room() const noexcept { return room_wanted_ && idle_ > 0; }

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "base/epoch.h"
@@ -54,13 +56,19 @@ WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   }
   std::lock_guard<std::mutex> hold(g_monitor.mutex);
   if (g_monitor.needs_start) start_locked();
-  if (!g_monitor.internal.quiescent()) sync_watches_locked(/*settle=*/false);
+  if (!g_monitor.internal.quiescent()) sync_watches_locked();
   WatchResult result = g_monitor.watches.watch(lo, hi, why, why_len);
   if (result == WatchResult::NotMonitorable && g_monitor.watches.wants_room()) {
-    // Over the VMA budget while idle entries hold some of it: give those back and try again.
-    evict_idle_watches_locked();
-    if (why != nullptr && why_len > 0) why[0] = '\0';
-    result = g_monitor.watches.watch(lo, hi, why, why_len);
+    // Over the VMA budget while idle entries hold some of it: give those back and try again,
+    // unless an unmap in flight keeps them (the get then registers uncached).
+    if (evict_idle_watches_locked()) {
+      if (why != nullptr && why_len > 0) why[0] = '\0';
+      result = g_monitor.watches.watch(lo, hi, why, why_len);
+    } else if (why != nullptr && why_len > 0) {
+      const size_t used = strlen(why);
+      snprintf(why + used, why_len - used,
+               "; idle mappings are let go only once no unmap of watched memory is in flight");
+    }
   }
   if (g_monitor.watches.wants_eviction()) evict_idle_watches_locked();
   g_monitor.watches.publish();
@@ -102,7 +110,7 @@ void unwatch_many(const WatchRange *ranges, size_t count) {
     }
     if (locked == 0) continue;
     std::lock_guard<std::mutex> hold(g_monitor.mutex);
-    if (!g_monitor.internal.quiescent()) sync_watches_locked(/*settle=*/false);
+    if (!g_monitor.internal.quiescent()) sync_watches_locked();
     for (size_t i = 0; i < chunk; ++i) {
       if ((locked & (uint64_t{1} << i)) == 0) continue;
       uintptr_t lo;

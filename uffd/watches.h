@@ -26,7 +26,8 @@ enum class WatchResult {
 
 // Makes the kernel report unmaps, moves and madvise(DONTNEED/FREE/REMOVE) of
 // [start, start+length): registers every whole mapping (VMA) the range touches, so that the
-// application's VMAs are never split (in MISSING mode exactly the pages asked for). Call before
+// application's VMAs are never split (in every mode; in the brk heap exactly the pages asked
+// for). Call before
 // registering with the backend: an unmap between a registration and a later watch would never
 // be seen. Watches are counted, so neighbours never unwatch each other; memory that is already
 // registered costs no syscall: no lock either when its mapping counts other watches (a CAS),

@@ -14,8 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <string>
+#include <thread>
 
 #include "tests/common/fork_child.h"
 #include "tests/uffd/helpers.h"
@@ -200,6 +203,32 @@ TEST(Lifecycle, ModesCanBeForced) {
   EXPECT_NE(std::string(monitor_info().reason).find("not understood"), std::string::npos);
 }
 
+// A process out of threads: the mode was negotiated, but the monitor thread cannot be created,
+// so caching is off. The reason says that and why; it must not describe the negotiated mode
+// (watches, probes) as if it ran.
+TEST(Lifecycle, AMonitorThreadThatCannotStartMeansUncachedAndTheReasonSaysWhy) {
+  if (!have_userfaultfd()) GTEST_SKIP() << monitor_info().reason;
+  testing::fail_monitor_thread_start(EAGAIN);
+  struct Restore {
+    ~Restore() { testing::fail_monitor_thread_start(0); }
+  } restore;
+  ScopedSubscription subscription;
+  EXPECT_EQ(subscription->mode(), MRC_MONITOR_UNCACHED);
+  const mrc_monitor_info_t info = monitor_info();
+  EXPECT_EQ(info.mode, MRC_MONITOR_UNCACHED);
+  EXPECT_EQ(info.running, 0);
+  const std::string reason = info.reason;
+  EXPECT_EQ(reason.rfind("the monitor thread could not start (EAGAIN)", 0), 0u) << reason;
+  EXPECT_NE(reason.find("every get registers"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("exact gets"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("registration watches"), std::string::npos) << reason;
+  char why[256] = "";
+  char *p = map_anonymous(page_size());
+  EXPECT_EQ(uffd::watch(u(p), page_size(), why, sizeof(why)), WatchResult::NotMonitorable);
+  EXPECT_TRUE(subscription->quiescent());
+  munmap(p, page_size());
+}
+
 TEST(Lifecycle, InfoWithoutSubscribersProbesTheMode) {
   const mrc_monitor_info_t info = monitor_info();
   EXPECT_EQ(info.running, 0);
@@ -269,6 +298,56 @@ TEST(Lifecycle, PollLoopFallbackDeliversEvents) {
         covered(drain_all(subscription.get()), u(p), u(p) + length, InvalidationKind::Unmap));
     uffd::unwatch(u(p), length);
   }
+}
+
+// MISSING mode: a thread that touches an untouched page of a watched mapping waits until the
+// monitor resolves its fault. Stopping the monitor must release it, whatever the monitor was
+// doing: the monitor thread closes the userfaultfd as it leaves, which drops every registration
+// and wakes every fault, and the kernel then maps the page itself. Here the fault waits for a
+// paused monitor when the last subscriber leaves.
+TEST(Lifecycle, StoppingReleasesAThreadWaitingForItsFault) {
+  ScopedEnv missing("MRC_MONITOR", "missing");
+  Subscription *subscription = nullptr;
+  ASSERT_EQ(uffd::subscribe(&subscription), MRC_OK);
+  if (subscription->mode() != MRC_MONITOR_MISSING) {
+    uffd::unsubscribe(subscription);
+    GTEST_SKIP() << "MISSING mode is not available here: " << monitor_info().reason;
+  }
+  const size_t page = page_size();
+  // A mapping of its own (PROT_NONE guards): nothing else of this process merges into it.
+  char *raw = map_anonymous(18 * page, PROT_NONE);
+  char *p = raw + page;
+  ASSERT_EQ(mprotect(p, 16 * page, PROT_READ | PROT_WRITE), 0);
+  ASSERT_EQ(uffd::watch(u(p), page), WatchResult::Watched);
+  testing::pause_monitor(true);
+  struct Resume {
+    ~Resume() { testing::pause_monitor(false); }
+  } resume;
+  std::atomic<bool> touched{false};
+  std::thread toucher([&] {
+    EXPECT_EQ(*static_cast<volatile char *>(p + 8 * page), 0);
+    touched.store(true);
+  });
+  usleep(50000);
+  EXPECT_FALSE(touched.load()) << "the fault did not wait for the monitor";
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    uffd::unsubscribe(subscription);
+    stopped.store(true);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!(stopped.load() && touched.load()) && std::chrono::steady_clock::now() < deadline) {
+    usleep(1000);
+  }
+  const bool stopped_in_time = stopped.load();
+  const bool released_in_time = touched.load();
+  testing::pause_monitor(false);  // a stop that hangs on the paused monitor ends now
+  stopper.join();
+  toucher.join();
+  EXPECT_TRUE(stopped_in_time) << "the stop waited for the paused monitor";
+  EXPECT_TRUE(released_in_time) << "the faulting thread was not released by the stop";
+  EXPECT_EQ(monitor_info().running, 0);
+  munmap(raw, 18 * page);
 }
 
 // ---- fork ----

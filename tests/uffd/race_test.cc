@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -320,6 +323,179 @@ TEST_F(FastPathRace, CountsStayExactWhileTheTableChangesShape) {
   EXPECT_FALSE(registered_with_uffd(u(m + 210 * page)))
       << "a watch was counted twice, or never released";
   unmap_alone_pages(m, kPages);
+}
+
+// ---- eviction against an unmap in flight ----
+
+// Idle mappings are let go only once no unmap of watched memory is in flight (an entry may still
+// stand for memory another thread has unmapped). Every wait on the monitor has a bound and none
+// holds a lock a get needs (docs/DESIGN.md, "Watching"): with another thread's unmap held in
+// flight by a paused monitor, a last unwatch that leaves more idle mappings than are kept (a
+// cache's purge, the retirement of its regions) returns at once and leaves the eviction for
+// later; meanwhile a mapping's first watch (a get's, under the registry mutex) and
+// Monitor::info go through. Once the unmap has been read, the next call that takes the mutex
+// evicts. Each call runs on a thread of its own, so that a call that waits fails the test
+// instead of hanging it: the monitor is resumed before the threads are joined.
+class EvictionRace : public SubscribedTest {
+ protected:
+  void SetUp() override {
+    testing::set_idle_vmas(0);  // every mapping whose last watch leaves is evicted at once
+    SubscribedTest::SetUp();
+  }
+  void TearDown() override {
+    testing::pause_monitor(false);
+    SubscribedTest::TearDown();
+    testing::set_idle_vmas(-1);
+    testing::set_vma_budget(0);
+  }
+  // A fresh monitor that keeps `idle` idle mappings registered, under a VMA budget.
+  void restart(int64_t idle, uint64_t budget) {
+    uffd::unsubscribe(subscription_);
+    subscription_ = nullptr;
+    testing::set_idle_vmas(idle);
+    testing::set_vma_budget(budget);
+    ASSERT_EQ(uffd::subscribe(&subscription_), MRC_OK);
+  }
+  // Holds another thread's unmap of the watched `page` in flight: pauses the monitor, starts the
+  // unmap on a thread of `threads` and returns once the kernel counts it in flight.
+  void unmap_in_flight(std::vector<std::thread> *threads, char *page) {
+    testing::pause_monitor(true);
+    threads->emplace_back([page] { EXPECT_EQ(munmap(page, page_size()), 0); });
+    for (int i = 0; i < 5000 && subscription_->probe_unmaps() != Subscription::Unmaps::InFlight;
+         ++i) {
+      usleep(1000);
+    }
+    ASSERT_EQ(subscription_->probe_unmaps(), Subscription::Unmaps::InFlight);
+  }
+};
+
+// Starts `call` on a thread of its own (joined by the caller) and says whether it returned within
+// `patience`.
+bool returns_within(std::vector<std::thread> *threads, std::function<void()> call,
+                    std::chrono::milliseconds patience) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  threads->emplace_back([call = std::move(call), done] {
+    call();
+    done->store(true);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (!done->load() && std::chrono::steady_clock::now() < deadline) usleep(200);
+  return done->load();
+}
+
+TEST_F(EvictionRace, ALastUnwatchNeverWaitsForAnUnmapInFlight) {
+  constexpr std::chrono::milliseconds kPatience{3000};  // on main: for ever
+  const size_t page = page_size();
+  char *idle = map_alone_pages(16);
+  char *unmapped = map_alone_pages(16);
+  char *fresh = map_alone_pages(16);
+  ASSERT_EQ(uffd::watch(u(idle), page), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(unmapped), page), WatchResult::Watched);
+  std::vector<std::thread> threads;
+  unmap_in_flight(&threads, unmapped + 8 * page);
+  const bool unwatched = returns_within(
+      &threads, [&] { uffd::unwatch(u(idle), page); }, kPatience);
+  const bool watched = returns_within(
+      &threads, [&] { EXPECT_EQ(uffd::watch(u(fresh), page), WatchResult::Watched); }, kPatience);
+  const bool informed = returns_within(
+      &threads, [] { (void)monitor_info(); }, kPatience);
+  const bool still_registered = registered_with_uffd(u(idle));
+  testing::pause_monitor(false);
+  for (auto &thread : threads) thread.join();
+  EXPECT_TRUE(unwatched) << "the last unwatch waited for the unmap in flight";
+  EXPECT_TRUE(watched) << "a first watch waited for the unmap in flight";
+  EXPECT_TRUE(informed) << "Monitor::info waited for the unmap in flight";
+  EXPECT_TRUE(still_registered) << "an idle mapping was let go while an unmap was in flight";
+  // The unmap has been read: the next call that takes the mutex evicts what was left.
+  uffd::unwatch(u(fresh), page);
+  EXPECT_FALSE(registered_with_uffd(u(idle))) << "the eviction left for later never came";
+  EXPECT_FALSE(registered_with_uffd(u(fresh)));
+  uffd::unwatch(u(unmapped), page);
+  EXPECT_EQ(monitor_info().watched_bytes, 0u);
+  for (char *m : {idle, unmapped, fresh}) unmap_alone_pages(m, 16);
+}
+
+// Under the VMA budget a watch makes room by letting idle mappings go: not while an unmap is in
+// flight. It answers NotMonitorable at once (the get registers uncached), and a watch after the
+// unmap was read makes the room.
+TEST_F(EvictionRace, AWatchThatNeedsRoomNeverWaitsForAnUnmapInFlight) {
+  constexpr std::chrono::milliseconds kPatience{3000};  // on main: for ever
+  restart(/*idle=*/-1, /*budget=*/4);                   // two registered mappings
+  const size_t page = page_size();
+  char *idle = map_alone_pages(16);
+  char *unmapped = map_alone_pages(16);
+  char *fresh = map_alone_pages(16);
+  ASSERT_EQ(uffd::watch(u(idle), page), WatchResult::Watched);
+  ASSERT_EQ(uffd::watch(u(unmapped), page), WatchResult::Watched);
+  uffd::unwatch(u(idle), page);  // idle, kept, and holding half of the budget
+  std::vector<std::thread> threads;
+  unmap_in_flight(&threads, unmapped + 15 * page);  // its mapping stays one registered entry
+  WatchResult result = WatchResult::Watched;
+  char why[256] = "";
+  const bool answered = returns_within(
+      &threads, [&] { result = uffd::watch(u(fresh), page, why, sizeof(why)); }, kPatience);
+  testing::pause_monitor(false);
+  for (auto &thread : threads) thread.join();
+  EXPECT_TRUE(answered) << "a watch that needed room waited for the unmap in flight";
+  EXPECT_EQ(result, WatchResult::NotMonitorable);
+  EXPECT_NE(std::string(why).find("in flight"), std::string::npos) << why;
+  ASSERT_EQ(uffd::watch(u(fresh), page, why, sizeof(why)), WatchResult::Watched) << why;
+  EXPECT_FALSE(registered_with_uffd(u(idle)));
+  uffd::unwatch(u(fresh), page);
+  uffd::unwatch(u(unmapped), page);
+  for (char *m : {idle, unmapped, fresh}) unmap_alone_pages(m, 16);
+}
+
+// ---- MISSING mode: the monitor resolves the first touch of every page of a watched mapping ----
+
+// A watch of one page registers its whole mapping (docs/DESIGN.md, "Watching"), so in MISSING
+// mode every untouched page of that mapping faults to the monitor, which maps the zero page.
+// Several threads touch the same untouched pages at once: two faults of one page race (the
+// second zero page meets the first: EEXIST, and the monitor wakes the thread, which finds the
+// page), reads must see zeros, and every thread's writes must stay.
+TEST(MissingMode, UntouchedPagesOfAWatchedMappingReadZeroAndTakeWritesFromSeveralThreads) {
+  ScopedEnv missing("MRC_MONITOR", "missing");
+  ScopedSubscription subscription;
+  if (subscription->mode() != MRC_MONITOR_MISSING) {
+    GTEST_SKIP() << "MISSING mode is not available here: " << monitor_info().reason;
+  }
+  constexpr int kThreads = 4;
+  constexpr size_t kPages = 512;
+  const size_t page = page_size();
+  char *p = map_alone_pages(kPages);
+  p[0] = 1;  // the buffer a get asks for, in use
+  ASSERT_EQ(uffd::watch(u(p), page), WatchResult::Watched);
+  ASSERT_TRUE(registered_with_uffd(u(p) + (kPages - 1) * page)) << "the whole mapping is watched";
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread starts at another page and walks all of them: some pages are first touched
+      // by a read, some by a write, some by several threads at once.
+      for (size_t i = 0; i < kPages; ++i) {
+        char *at = p + ((i + static_cast<size_t>(t) * kPages / kThreads) % kPages) * page;
+        if (at[kThreads + 1 + t] != 0 && failures.fetch_add(1) < 3) {
+          ADD_FAILURE() << "an untouched page did not read as zero";
+        }
+        at[1 + t] = static_cast<char>(1 + t);
+      }
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (size_t i = 0; i < kPages; ++i) {
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_EQ(p[i * page + 1 + static_cast<size_t>(t)], static_cast<char>(1 + t))
+          << "page " << i << ", thread " << t;
+    }
+  }
+  // Still one mapping, still watched: its unmap far from the watch is reported.
+  EXPECT_EQ(count_vmas_in(u(p), u(p) + kPages * page), 1u);
+  ASSERT_EQ(munmap(p + 300 * page, page), 0);
+  EXPECT_TRUE(covered(drain_all(subscription.get()), u(p + 300 * page), u(p + 301 * page),
+                      InvalidationKind::Unmap));
+  uffd::unwatch(u(p), page);
+  unmap_alone_pages(p, kPages);
 }
 
 }  // namespace
