@@ -300,7 +300,7 @@ typedef struct {
   uint64_t events;        /* events read since start */
   uint64_t watched_bytes; /* bytes registered with the userfaultfd (idle mappings included) */
   uint64_t vmas_added;    /* upper bound of VMAs watching adds (2 per registered mapping: the
-                             neighbours it keeps from merging; MISSING mode: its splits) */
+                             neighbours it keeps from merging) */
   uint64_t vma_budget;    /* ceiling for vmas_added, from vm.max_map_count */
 } mrc_monitor_info_t;
 /* The smallest size mrc_monitor_info_sized accepts: the 0.1 layout. */
