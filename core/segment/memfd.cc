@@ -323,6 +323,21 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   if (seals < 0 || (static_cast<unsigned>(seals) & kRequiredSeals) != kRequiredSeals) {
     return reject(fail(MRC_ERR_INVALID, "received descriptor is not a sealed memfd: refused"));
   }
+  // The segment is mapped writable, its heap's lock included: a memfd sealed against writing, or
+  // a descriptor opened for reading only, can never be. The peer's error, not a lack of memory.
+  if ((static_cast<unsigned>(seals) & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return reject(fail(MRC_ERR_INVALID,
+                       "received memfd is sealed against writing (F_SEAL_WRITE or "
+                       "F_SEAL_FUTURE_WRITE) and cannot be mapped writable: refused"));
+  }
+  const int access = fcntl(fd, F_GETFL);
+  if (access < 0 || (access & O_ACCMODE) != O_RDWR) {
+    return reject(fail(MRC_ERR_INVALID,
+                       "received memfd is not open for reading and writing (opened {}): refused",
+                       access < 0                         ? "unknown"
+                       : (access & O_ACCMODE) == O_RDONLY ? "read-only"
+                                                          : "write-only"));
+  }
   struct stat sb {};
   if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != msg.map_size ||
       msg.base % kAlign != 0 || msg.map_size == 0 || msg.base >= (uint64_t{1} << 47) ||
@@ -354,8 +369,12 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   if (got == MAP_FAILED || got != want) {
     const int err = errno;
     if (got != MAP_FAILED) munmap(got, msg.map_size);
-    return reject(fail(got == MAP_FAILED && err != EEXIST ? MRC_ERR_NO_MEMORY : MRC_ERR_EXISTS,
-                       "cannot map the segment at {} here: {}", want,
+    // EACCES and EPERM: the descriptor cannot be mapped writable after all (an LSM, a seal added
+    // since the checks above); what the peer sent is unusable, as above.
+    const mrc_status_t st = got != MAP_FAILED || err == EEXIST ? MRC_ERR_EXISTS
+                            : err == EACCES || err == EPERM    ? MRC_ERR_INVALID
+                                                               : MRC_ERR_NO_MEMORY;
+    return reject(fail(st, "cannot map the segment at {} here: {}", want,
                        got == MAP_FAILED ? errno_text(err) : "address taken"));
   }
   auto *m = new (std::nothrow) MappedSegment;
