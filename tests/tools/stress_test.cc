@@ -15,6 +15,7 @@ namespace {
 
 using mrc_tools_test::read_json;
 using mrc_tools_test::run;
+using mrc_tools_test::run_into_full_stdout;
 
 const std::string kStress = MRC_STRESS_PATH;
 const std::string kInfo = MRC_INFO_PATH;
@@ -107,6 +108,21 @@ TEST(StressTool, AddressSpaceLimitIsNamedNotAFailure) {
                                                                   << result.output;
     EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
   }
+}
+
+// Output that cannot be written is not a pass: the error is named on stderr and the exit status is
+// 2, as for set-up (1 says the cache failed). The JSON summary's file likewise (exit 1, as
+// before for a file that cannot be opened).
+TEST(StressTool, UnwritableOutputIsAnError) {
+  for (const char *args : {" --help", " -q -d 0.2", " -d 0.2"}) {
+    const auto result = run_into_full_stdout(kStress + args);
+    EXPECT_EQ(result.status, 2) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-stress: cannot write standard output"), std::string::npos)
+        << args << ": " << result.output;
+  }
+  const auto result = run(kStress + " -q -d 0.2 --json /dev/full");
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot write /dev/full"), std::string::npos) << result.output;
 }
 
 // The main job, short: the defaults for five seconds, no stale use, no leak, no error.
@@ -293,6 +309,16 @@ TEST(InfoTool, JsonHasEverySection) {
       << "exact mode is the default";
   EXPECT_TRUE(info["backends"].contains("iouring"));
   unlink(json_path.c_str());
+}
+
+TEST(InfoTool, FullStandardOutputIsAnError) {
+  for (const char *args : {"", " --json", " --help"}) {
+    const auto result = run_into_full_stdout(kInfo + args);
+    EXPECT_EQ(result.status, 1) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-info: cannot write standard output: No space left"),
+              std::string::npos)
+        << args << ": " << result.output;
+  }
 }
 
 TEST(InfoTool, Help) {

@@ -5,7 +5,8 @@
 // Every trial is a fresh process; the paths alternate within each repetition; the report gives
 // medians and per-repetition ratios (report.h). scripts/bench.sh runs it.
 //
-// Exit status: 0 = every trial ran; 1 = a trial failed (the report names it); 2 = bad usage.
+// Exit status: 0 = every trial ran; 1 = a trial failed (the report names it) or standard output
+// could not be written; 2 = bad usage.
 #include <fmt/format.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 #include "tools/appbench/report.h"
 #include "tools/appbench/trial.h"
 #include "tools/common/cli_numbers.h"
+#include "tools/common/stdout_check.h"
 
 namespace {
 
@@ -45,6 +47,7 @@ int cpu_to_bind() {
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-appbench");
   CLI::App app{
       "mrcache-appbench: application workloads through mrcache, UCX's rcache and no "
       "cache, each trial a fresh process"};

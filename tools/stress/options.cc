@@ -56,7 +56,8 @@ constexpr const char *kDescription =
     "then reported and not counted (--strict-unmap-window counts them).\n"
     "\n"
     "Exit status: 0 = no stale use, no leak, no error (failures injected by --fail-rate are\n"
-    "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up.\n";
+    "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up\n"
+    "(standard output that cannot be written included).\n";
 
 constexpr const char *kFooter =
     "\nExamples:\n"

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "mrcache/mrcache.h"
+#include "tools/common/stdout_check.h"
 #include "tools/stress/backend.h"
 #include "tools/stress/options.h"
 #include "tools/stress/oracle.h"
@@ -1173,6 +1174,8 @@ int run_main(int argc, char **argv) {
 }  // namespace stress
 
 int main(int argc, char **argv) {
+  // Exit 2, as for set-up: 1 says the cache failed (scripts/soak.sh stops on it).
+  mrc_tools::check_stdout_at_exit("mrcache-stress", 2);
   try {
     return stress::run_main(argc, argv);
   } catch (const std::exception &e) {
