@@ -95,6 +95,32 @@ TEST(StressTool, BadNumbersAreUsageErrorsNamingTheOption) {
             0);
 }
 
+// An empty --mix, an empty item in it, a mix that leaves the mutators nothing to do, and an empty
+// --json FILE are usage errors naming the option: each used to run (without the mutations meant,
+// or without the summary) and pass.
+TEST(StressTool, EmptyMixOrJsonIsAUsageError) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"--mix ''", "--mix"},
+      {"--mix ,", "--mix"},
+      {"--mix remap=1,", "--mix"},
+      {"--mix ,remap=1", "--mix"},
+      {"--mix remap=1,,move=1", "--mix"},
+      {"--mix remap=0 --fork-rate 0", "--mix"},
+      {"--json ''", "--json"},
+  };
+  for (const auto &[args, option] : cases) {
+    const auto result = run(kStress + " -q -d 0.2 " + args);
+    EXPECT_EQ(result.status, 2) << args << ":\n" << result.output;
+    EXPECT_NE(result.output.find(option), std::string::npos)
+        << args << ": the message does not name " << option << ":\n"
+        << result.output;
+    EXPECT_EQ(result.output.find("PASSED"), std::string::npos) << args << ":\n" << result.output;
+  }
+  // Forks alone, or no mutator at all, are still runs.
+  EXPECT_EQ(run(kStress + " -q -d 0.2 --mix remap=0").status, 0);
+  EXPECT_EQ(run(kStress + " -q -d 0.2 --mix remap=0 --fork-rate 0 -m 0").status, 0);
+}
+
 // An address-space limit too small for the run is named: exit 2 with RLIMIT_AS in the message,
 // never FAILED (as if the cache broke), never std::terminate. Limits from too small to map the
 // pool to too small for the threads' stacks.
