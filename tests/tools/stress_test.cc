@@ -151,6 +151,22 @@ TEST(StressTool, UnwritableOutputIsAnError) {
   EXPECT_NE(result.output.find("cannot write /dev/full"), std::string::npos) << result.output;
 }
 
+// Memory refused in the middle of a run (the address-space limit lowered under the running
+// program, below what it uses: every new mapping fails, fork children cannot set up their caches)
+// is named too: RLIMIT_AS in the message, exit 2, never FAILED as if the cache broke.
+TEST(StressTool, MemoryRefusedMidRunNamesTheAddressSpaceLimit) {
+  if (run("command -v prlimit").status != 0) GTEST_SKIP() << "no prlimit (util-linux)";
+  // In braces: run() sends the group's stderr, the background program's too, to the output.
+  const auto result =
+      run("{ " + kStress +
+          " -q -d 4 --fork-rate 20 & pid=$!; sleep 1.5; "
+          "vm=$(awk '/^VmSize/ {print $2}' /proc/$pid/status); "
+          "[ -n \"$vm\" ] && prlimit --pid $pid --as=$(( (vm - 100000) * 1024 )); wait $pid; }");
+  EXPECT_EQ(result.status, 2) << result.output;
+  EXPECT_NE(result.output.find("RLIMIT_AS"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
+}
+
 // The main job, short: the defaults for five seconds, no stale use, no leak, no error.
 TEST(StressTool, FiveSecondsWithTheDefaultsPass) {
   const std::string json_path = temp_path("default.json");
