@@ -114,6 +114,19 @@ TEST(AppbenchTool, AShortRunMeasuresEveryPathAndReportsRatiosOfItsFigures) {
   }
 }
 
+// A malformed MRC_* variable refuses the run with the library's reason (exit 2, as a bad option),
+// instead of running without mrcache's paths and exiting 0.
+TEST(AppbenchTool, MalformedMrcVariableIsAUsageError) {
+  for (const char *variable : {"MRC_MONITOR=bogus", "MRC_MAX_BYTES=12q", "MRC_STATS=maybe"}) {
+    const auto result = run(std::string(variable) + " " + kAppbench +
+                            " -w '^pool/' -e null -b unbound -r 1 --min-time 0.001");
+    EXPECT_EQ(result.status, 2) << variable << ": " << result.output;
+    EXPECT_NE(result.output.find(variable), std::string::npos) << variable << ": " << result.output;
+    EXPECT_EQ(result.output.find("| pool/"), std::string::npos)
+        << variable << ": " << result.output;
+  }
+}
+
 // A report that cannot be written is a failure, named: standard output, and each file of -o.
 TEST(AppbenchTool, UnwritableOutputIsAnError) {
   for (const char *args : {" --list", " --help"}) {
