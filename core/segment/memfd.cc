@@ -40,6 +40,65 @@ struct Message {
   uint64_t map_size;
 };
 
+// SCM_PIDFD (Linux 6.5, <asm-generic/socket.h>; newer than Debian 12's headers): the sender's
+// pidfd, which the kernel adds to every message when the receiving socket has SO_PASSPIDFD set.
+constexpr int kScmPidfd = 0x04;
+
+// Room for what a sane peer sends (one descriptor) beside what the receiver's own socket options
+// add (SO_PASSCRED's credentials, SO_PASSPIDFD's pidfd, SO_PASSSEC's label), and for descriptors
+// beyond the one, so that a message with too many is seen, refused and cleaned up. What does not
+// fit is cut off by the kernel (MSG_CTRUNC), which closes the descriptors it did not pass on.
+constexpr size_t kControlSize = 512;
+
+// The descriptors one message brought: those of every SCM_RIGHTS and SCM_PIDFD record. The peer
+// is input (docs/DESIGN.md, "Shared segments: shared memory is input"), and what it sends is the
+// receiver's from the moment recvmsg returns: each descriptor that does not become the segment's
+// is closed here, whether the message is refused or not. Nobody else knows their numbers, and a
+// peer could otherwise leak descriptors into the receiver with every message.
+class ReceivedFds {
+ public:
+  explicit ReceivedFds(msghdr *mh) noexcept {
+    for (cmsghdr *c = CMSG_FIRSTHDR(mh); c != nullptr; c = CMSG_NXTHDR(mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET ||
+          (c->cmsg_type != SCM_RIGHTS && c->cmsg_type != kScmPidfd) || c->cmsg_len < CMSG_LEN(0)) {
+        continue;
+      }
+      const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n && count_ < kMax; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        fds_[count_++] = fd;
+        if (c->cmsg_type == SCM_RIGHTS) {
+          ++rights_;
+          rights_fd_ = fd;
+        }
+      }
+    }
+  }
+  ReceivedFds(const ReceivedFds &) = delete;
+  ReceivedFds &operator=(const ReceivedFds &) = delete;
+  ~ReceivedFds() {
+    for (size_t i = 0; i < count_; ++i) {
+      if (fds_[i] != kept_) close(fds_[i]);
+    }
+  }
+  // Descriptors passed with SCM_RIGHTS (a memfd segment's message carries exactly one).
+  size_t rights() const noexcept { return rights_; }
+  // Hands the SCM_RIGHTS descriptor over to the caller (when rights() is 1): it is not closed.
+  int take_memfd() noexcept {
+    kept_ = rights_fd_;
+    return kept_;
+  }
+
+ private:
+  static constexpr size_t kMax = kControlSize / sizeof(int);
+  int fds_[kMax] = {};
+  size_t count_ = 0;
+  size_t rights_ = 0;
+  int rights_fd_ = -1;
+  int kept_ = -1;
+};
+
 inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Maps `len` bytes of fd at a kAlign-aligned address the kernel chose.
@@ -230,7 +289,7 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   if (out == nullptr) return fail(MRC_ERR_INVALID, "out is NULL");
   Message msg{};
   iovec iov{&msg, sizeof msg};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[kControlSize] = {};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
@@ -240,19 +299,22 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   do {
     n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
-  int fd = -1;
-  for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-        c->cmsg_len == CMSG_LEN(sizeof(int))) {
-      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-    }
-  }
   if (n < 0) return fail(MRC_ERR_IO, "recvmsg: {}", errno_text(errno));
-  if (fd < 0 || n != static_cast<ssize_t>(sizeof msg) || (mh.msg_flags & MSG_CTRUNC) != 0 ||
-      msg.magic != kMsgMagic) {
-    if (fd >= 0) close(fd);
+  ReceivedFds received(&mh);  // closes every descriptor of the message but the one taken
+  if (n != static_cast<ssize_t>(sizeof msg) || msg.magic != kMsgMagic) {
     return fail(MRC_ERR_INVALID, "not a memfd segment message");
   }
+  if ((mh.msg_flags & MSG_CTRUNC) != 0) {
+    return fail(MRC_ERR_INVALID,
+                "memfd segment message refused: its control data was cut off (MSG_CTRUNC), so "
+                "it carried more than the one descriptor of a memfd segment message");
+  }
+  if (received.rights() != 1) {
+    return fail(MRC_ERR_INVALID,
+                "memfd segment message refused: it carried {} descriptors instead of one",
+                received.rights());
+  }
+  const int fd = received.take_memfd();
   auto reject = [&](mrc_status_t st) {
     close(fd);
     return st;
@@ -260,6 +322,21 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (static_cast<unsigned>(seals) & kRequiredSeals) != kRequiredSeals) {
     return reject(fail(MRC_ERR_INVALID, "received descriptor is not a sealed memfd: refused"));
+  }
+  // The segment is mapped writable, its heap's lock included: a memfd sealed against writing, or
+  // a descriptor opened for reading only, can never be. The peer's error, not a lack of memory.
+  if ((static_cast<unsigned>(seals) & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return reject(fail(MRC_ERR_INVALID,
+                       "received memfd is sealed against writing (F_SEAL_WRITE or "
+                       "F_SEAL_FUTURE_WRITE) and cannot be mapped writable: refused"));
+  }
+  const int access = fcntl(fd, F_GETFL);
+  if (access < 0 || (access & O_ACCMODE) != O_RDWR) {
+    return reject(fail(MRC_ERR_INVALID,
+                       "received memfd is not open for reading and writing (opened {}): refused",
+                       access < 0                         ? "unknown"
+                       : (access & O_ACCMODE) == O_RDONLY ? "read-only"
+                                                          : "write-only"));
   }
   struct stat sb {};
   if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != msg.map_size ||
@@ -292,8 +369,12 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   if (got == MAP_FAILED || got != want) {
     const int err = errno;
     if (got != MAP_FAILED) munmap(got, msg.map_size);
-    return reject(fail(got == MAP_FAILED && err != EEXIST ? MRC_ERR_NO_MEMORY : MRC_ERR_EXISTS,
-                       "cannot map the segment at {} here: {}", want,
+    // EACCES and EPERM: the descriptor cannot be mapped writable after all (an LSM, a seal added
+    // since the checks above); what the peer sent is unusable, as above.
+    const mrc_status_t st = got != MAP_FAILED || err == EEXIST ? MRC_ERR_EXISTS
+                            : err == EACCES || err == EPERM    ? MRC_ERR_INVALID
+                                                               : MRC_ERR_NO_MEMORY;
+    return reject(fail(st, "cannot map the segment at {} here: {}", want,
                        got == MAP_FAILED ? errno_text(err) : "address taken"));
   }
   auto *m = new (std::nothrow) MappedSegment;

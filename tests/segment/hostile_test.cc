@@ -363,6 +363,73 @@ TEST_F(Hostile, MemfdPeerWithABadHeapIsRefused) {
   EXPECT_EQ(mrc_seg_close(s), MRC_OK);
 }
 
+// A peer's message that mrc_seg_recv refuses closes every descriptor it brought, whatever its
+// shape: two descriptors in one SCM_RIGHTS record, two records (the kernel hands them over as one),
+// more descriptors than the receiver's control buffer holds (MSG_CTRUNC: the kernel closes those
+// that did not fit, the ones that arrived are the receiver's), a descriptor beside the receiver's
+// own SO_PASSPIDFD record, and a sane segment refused because its address is taken here.
+TEST_F(Hostile, RefusedMemfdMessagesCloseEveryDescriptor) {
+  mrc_seg_params_t sp;
+  mrc_seg_params_init(&sp);
+  sp.name = "fds";
+  sp.size = 1 << 16;
+  mrc_seg_t *s = nullptr;
+  ASSERT_EQ(mrc_seg_memfd_create(&sp, &s), MRC_OK) << mrc_last_error();
+  const int memfd = s->map->memfd;
+  segtest::MemfdMessage msg;
+  msg.base = reinterpret_cast<uint64_t>(s->map->start);
+  msg.map_size = s->map->map_size;
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  // SCM_MAX_FD (253): more than any receiver's buffer takes.
+  std::vector<int> many(253, memfd);
+  const int before = segtest::open_fds();
+  mrc_seg_t *r = nullptr;
+  const struct {
+    const char *shape;
+    std::vector<std::vector<int>> records;
+    int times;
+  } cases[] = {
+      {"two descriptors in one record", {{memfd, memfd}}, 100},
+      {"two records", {{memfd}, {memfd}}, 20},
+      {"three records of two", {{memfd, memfd}, {memfd, memfd}, {memfd, memfd}}, 20},
+      {"253 descriptors (truncated)", {many}, 5},
+  };
+  for (const auto &c : cases) {
+    const int start = segtest::open_fds();
+    for (int i = 0; i < c.times; ++i) {
+      ASSERT_EQ(segtest::send_with_fds(sv[0], &msg, sizeof msg, c.records),
+                static_cast<ssize_t>(sizeof msg))
+          << c.shape << ": " << std::strerror(errno);
+      EXPECT_EQ(mrc_seg_recv(sv[1], &r), MRC_ERR_INVALID) << c.shape;
+    }
+    EXPECT_EQ(segtest::open_fds(), start) << c.shape << ": descriptors left open";
+  }
+  EXPECT_TRUE(error_says("descriptor")) << mrc_last_error();
+  EXPECT_EQ(segtest::open_fds(), before);
+  // The one good shape, refused here because the address is ours: closed too.
+  ASSERT_EQ(mrc_seg_send(s, sv[0]), MRC_OK);
+  EXPECT_EQ(mrc_seg_recv(sv[1], &r), MRC_ERR_EXISTS);
+  EXPECT_EQ(segtest::open_fds(), before) << "a sane message refused with MRC_ERR_EXISTS";
+  // The receiver asked for the sender's pidfd (SO_PASSPIDFD, Linux 6.5): a second record with a
+  // descriptor, closed whatever becomes of the message.
+  constexpr int kSoPassPidfd = 76;  // <asm-generic/socket.h>, newer than Debian 12's headers
+  const int on = 1;
+  if (setsockopt(sv[1], SOL_SOCKET, kSoPassPidfd, &on, sizeof on) == 0) {
+    ASSERT_EQ(mrc_seg_send(s, sv[0]), MRC_OK);
+    EXPECT_EQ(mrc_seg_recv(sv[1], &r), MRC_ERR_EXISTS) << mrc_last_error();
+    ASSERT_EQ(segtest::send_with_fds(sv[0], &msg, sizeof msg, {{memfd, memfd}}),
+              static_cast<ssize_t>(sizeof msg));
+    EXPECT_EQ(mrc_seg_recv(sv[1], &r), MRC_ERR_INVALID);
+    EXPECT_EQ(segtest::open_fds(), before) << "with SO_PASSPIDFD";
+  } else {
+    RecordProperty("so_passpidfd", "unsupported by this kernel");
+  }
+  close(sv[0]);
+  close(sv[1]);
+  EXPECT_EQ(mrc_seg_close(s), MRC_OK);
+}
+
 // Garbage in the client table (neither free nor active) is reported by check and reaped by
 // scan, instead of taking every slot for ever.
 TEST_F(Hostile, GarbageClientSlotsAreReaped) {

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -238,6 +239,51 @@ class HelperCopy {
   bool ok_ = false;
   std::string dir_, path_, why_;
 };
+
+// Descriptors open in this process: the entries of /proc/self/fd, less the one that lists them.
+inline int open_fds() {
+  DIR *dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent *e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n - 1;
+}
+
+// What mrc_seg_send puts in the data of its message (core/segment/memfd.cc).
+struct MemfdMessage {
+  uint64_t magic = 0x3144464d43524dULL;  // "MRCMFD1"
+  uint64_t base = 0;
+  uint64_t map_size = 0;
+};
+
+// A raw peer of mrc_seg_recv: `data` with one SCM_RIGHTS record per element of `records`, each
+// carrying those descriptors (shapes mrc_seg_send never sends). sendmsg's result.
+inline ssize_t send_with_fds(int sock, const void *data, size_t len,
+                             const std::vector<std::vector<int>> &records) {
+  size_t space = 0;
+  for (const auto &r : records) space += CMSG_SPACE(r.size() * sizeof(int));
+  std::vector<cmsghdr> control(space / sizeof(cmsghdr) + 1);  // aligned for cmsghdr
+  iovec iov{const_cast<void *>(data), len};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (space != 0) {
+    mh.msg_control = control.data();
+    mh.msg_controllen = space;
+  }
+  cmsghdr *c = space != 0 ? CMSG_FIRSTHDR(&mh) : nullptr;
+  for (const auto &r : records) {
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(r.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), r.data(), r.size() * sizeof(int));
+    c = CMSG_NXTHDR(&mh, c);
+  }
+  return sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
 
 inline std::vector<std::string> words(const std::string &line) {
   std::istringstream in(line);

@@ -935,4 +935,63 @@ TEST_F(SegTest, MemfdSegmentRefusals) {
   EXPECT_EQ(mrc_seg_close(s), MRC_OK);
 }
 
+// A memfd that cannot be mapped writable (sealed against writing, or passed opened read-only) is
+// the peer's error: MRC_ERR_INVALID with the reason, never MRC_ERR_NO_MEMORY, and the refusal
+// leaves no descriptor and no mapping behind.
+TEST_F(SegTest, UnwritableMemfdIsRefusedAsInvalid) {
+  mrc_seg_params_t sp;
+  mrc_seg_params_init(&sp);
+  sp.name = "ro";
+  sp.size = 1 << 16;
+  sp.flags = MRC_SEG_HEAP;
+  mrc_seg_t *s = nullptr;
+  ASSERT_EQ(mrc_seg_memfd_create(&sp, &s), MRC_OK) << mrc_seg_last_error();
+  segtest::MemfdMessage msg;
+  msg.base = reinterpret_cast<uint64_t>(s->map->start);
+  msg.map_size = s->map->map_size;
+  // The sender's bytes, header and heap, to be copied into memfds sealed otherwise.
+  const std::vector<char> bytes(s->map->start, s->map->start + msg.map_size);
+  // Read-only: a reopening of the segment's own memfd, which stays alive after the close.
+  const int read_only =
+      ::open(("/proc/self/fd/" + std::to_string(s->map->memfd)).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(read_only, 0) << std::strerror(errno);
+  // The address is free again: a receiver would map there, so only the checks can refuse.
+  ASSERT_EQ(mrc_seg_close(s), MRC_OK);
+  auto sealed = [&](unsigned extra_seal) {
+    const int fd = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | extra_seal | F_SEAL_SEAL), 0)
+        << std::strerror(errno);
+    return fd;
+  };
+  const struct {
+    const char *shape;
+    int fd;
+    const char *reason;
+  } cases[] = {
+      {"F_SEAL_WRITE", sealed(F_SEAL_WRITE), "sealed against writing"},
+      {"F_SEAL_FUTURE_WRITE", sealed(F_SEAL_FUTURE_WRITE), "sealed against writing"},
+      {"opened read-only", read_only, "read-only"},
+  };
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  for (const auto &c : cases) {
+    const int before = segtest::open_fds();
+    ASSERT_EQ(segtest::send_with_fds(sv[0], &msg, sizeof msg, {{c.fd}}),
+              static_cast<ssize_t>(sizeof msg));
+    mrc_seg_t *r = nullptr;
+    EXPECT_EQ(mrc_seg_recv(sv[1], &r), MRC_ERR_INVALID) << c.shape << ": " << mrc_seg_last_error();
+    EXPECT_NE(std::string(mrc_seg_last_error()).find(c.reason), std::string::npos)
+        << c.shape << ": " << mrc_seg_last_error();
+    EXPECT_EQ(segtest::open_fds(), before) << c.shape << ": the received descriptor left open";
+    unsigned char resident = 0;
+    EXPECT_NE(mincore(reinterpret_cast<void *>(msg.base), 4096, &resident), 0)
+        << c.shape << ": something is mapped at the sender's address";
+    close(c.fd);
+  }
+  close(sv[0]);
+  close(sv[1]);
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "mrcache/mrcache.h"
 #include "seg_test_util.h"
@@ -189,6 +190,28 @@ TEST_F(Tool, AnotherUsersRootFileIsSkipped) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("mrcache-seg: " + foreign + ":"), std::string::npos) << r.out;
+  a.finish_input();
+  EXPECT_EQ(a.wait(), 0);
+}
+
+// A command whose output cannot be written failed (exit 1), with the error on stderr.
+TEST_F(Tool, FullStandardOutputIsAnError) {
+  Child &a = spawn("join", {"seg=kept", "segsize=65536", "hold=1"});
+  a.expect("ok");
+  for (const std::string &args :
+       std::vector<std::string>{p() + "show", p() + "--json show", p() + "scan", "--help"}) {
+    const std::string cmd = "{ " + std::string(MRC_SEG_TOOL) + " " + args + " >/dev/full; } 2>&1";
+    FILE *f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string err;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, f)) err.append(buf, n);
+    const int st = pclose(f);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << args << ": status " << st << ": " << err;
+    EXPECT_NE(err.find("mrcache-seg: cannot write standard output: No space left"),
+              std::string::npos)
+        << args << ": " << err;
+  }
   a.finish_input();
   EXPECT_EQ(a.wait(), 0);
 }

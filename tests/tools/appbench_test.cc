@@ -17,6 +17,7 @@ namespace {
 
 using mrc_tools_test::read_json;
 using mrc_tools_test::run;
+using mrc_tools_test::run_into_full_stdout;
 
 const std::string kAppbench = MRC_APPBENCH_PATH;
 
@@ -110,6 +111,42 @@ TEST(AppbenchTool, AShortRunMeasuresEveryPathAndReportsRatiosOfItsFigures) {
   EXPECT_NE(table.find("### Goals"), std::string::npos) << table;
   for (const char *data : {"/app-null-unbound.dat", "/app-null-bound.dat"}) {
     EXPECT_NE(slurp(dir + data).find("\"pool/64x64K\""), std::string::npos) << data;
+  }
+}
+
+// A malformed MRC_* variable refuses the run with the library's reason (exit 2, as a bad option),
+// instead of running without mrcache's paths and exiting 0.
+TEST(AppbenchTool, MalformedMrcVariableIsAUsageError) {
+  for (const char *variable : {"MRC_MONITOR=bogus", "MRC_MAX_BYTES=12q", "MRC_STATS=maybe"}) {
+    const auto result = run(std::string(variable) + " " + kAppbench +
+                            " -w '^pool/' -e null -b unbound -r 1 --min-time 0.001");
+    EXPECT_EQ(result.status, 2) << variable << ": " << result.output;
+    EXPECT_NE(result.output.find(variable), std::string::npos) << variable << ": " << result.output;
+    EXPECT_EQ(result.output.find("| pool/"), std::string::npos)
+        << variable << ": " << result.output;
+  }
+}
+
+// A report that cannot be written is a failure, named: standard output, and each file of -o.
+TEST(AppbenchTool, UnwritableOutputIsAnError) {
+  for (const char *args : {" --list", " --help"}) {
+    const auto result = run_into_full_stdout(kAppbench + args);
+    EXPECT_EQ(result.status, 1) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-appbench: cannot write standard output"),
+              std::string::npos)
+        << args << ": " << result.output;
+  }
+  const std::string brief = " -w '^pool/' -p none -e null -b unbound -r 1 --min-time 0.001";
+  auto result = run_into_full_stdout(kAppbench + brief);
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot write standard output"), std::string::npos) << result.output;
+  for (const char *file : {"app.md", "app.json", "app-null-unbound.dat"}) {
+    const std::string dir = temp_dir(std::string("full-") + file);
+    ASSERT_EQ(symlink("/dev/full", (dir + "/" + file).c_str()), 0);
+    result = run(kAppbench + brief + " -o '" + dir + "'");
+    EXPECT_EQ(result.status, 1) << file << ": " << result.output;
+    EXPECT_NE(result.output.find("cannot write " + dir + "/" + file), std::string::npos)
+        << file << ": " << result.output;
   }
 }
 

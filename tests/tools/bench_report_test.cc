@@ -146,6 +146,35 @@ TEST(BenchReport, MergesSeveralRuns) {
   rmdir(dir.c_str());
 }
 
+// A report that cannot be written is a failure, named: standard output (scripts/bench.sh reads
+// the plot flags there) and each file of OUT_DIR.
+TEST(BenchReport, UnwritableOutputIsAnError) {
+  const std::string dir = testing::TempDir() + "mrc-bench-report-full-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/bench.json") << kFixture;
+  const std::string report = std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir;
+  auto result = mrc_tools_test::run_into_full_stdout(report);
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("mrcache-bench-report: cannot write standard output"),
+            std::string::npos)
+      << result.output;
+  for (const char *file : {"results.md", "lookup-mrcache.dat", "hits-ucx.dat"}) {
+    const std::string path = dir + "/" + file;
+    unlink(path.c_str());
+    ASSERT_EQ(symlink("/dev/full", path.c_str()), 0);
+    result = mrc_tools_test::run(report);
+    EXPECT_EQ(result.status, 1) << file << ": " << result.output;
+    EXPECT_NE(result.output.find("cannot write " + path), std::string::npos)
+        << file << ": " << result.output;
+    unlink(path.c_str());
+  }
+  for (const char *file : {"bench.json", "results.md", "lookup-mrcache.dat", "lookup-ucx.dat",
+                           "hits-mrcache.dat", "hits-ucx.dat"}) {
+    unlink((dir + "/" + file).c_str());
+  }
+  rmdir(dir.c_str());
+}
+
 TEST(BenchReport, UsageErrorWithoutArguments) {
   const auto result = mrc_tools_test::run(MRC_BENCH_REPORT_PATH);
   EXPECT_EQ(result.status, 2);

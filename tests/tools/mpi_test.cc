@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/tools/tools_test.h"
@@ -72,6 +73,21 @@ TEST(MpiTool, ReportGivesMediansAndTheirRatios) {
   EXPECT_NE(result.output.find("| 2 | 4096 | inf | 1.5 | - | 1.5 | 1.5 | 1.00 | 1.00 | - | - |"),
             std::string::npos)
       << result.output;
+}
+
+TEST(MpiTool, FullStandardOutputIsAnError) {
+  const std::string bench = temp_file(
+      "full.txt",
+      R"(MRCMPI-BENCH {"path":"exact","size":4096,"k":"inf","messages":16,"us_per_msg":1,)"
+      R"("reg_us":1,"xfer_us":0,"ranks":2,"nodes":2,"rep":0})"
+      "\n");
+  for (const std::string &args : std::vector<std::string>{" --help", " report " + bench}) {
+    const auto result = mrc_tools_test::run_into_full_stdout(kMpi + args);
+    EXPECT_EQ(result.status, 1) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-mpi: cannot write standard output: No space left"),
+              std::string::npos)
+        << args << ": " << result.output;
+  }
 }
 
 TEST(MpiTool, ReportRefusesInputWithoutResults) {

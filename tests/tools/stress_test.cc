@@ -15,6 +15,7 @@ namespace {
 
 using mrc_tools_test::read_json;
 using mrc_tools_test::run;
+using mrc_tools_test::run_into_full_stdout;
 
 const std::string kStress = MRC_STRESS_PATH;
 const std::string kInfo = MRC_INFO_PATH;
@@ -94,6 +95,32 @@ TEST(StressTool, BadNumbersAreUsageErrorsNamingTheOption) {
             0);
 }
 
+// An empty --mix, an empty item in it, a mix that leaves the mutators nothing to do, and an empty
+// --json FILE are usage errors naming the option: each used to run (without the mutations meant,
+// or without the summary) and pass.
+TEST(StressTool, EmptyMixOrJsonIsAUsageError) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"--mix ''", "--mix"},
+      {"--mix ,", "--mix"},
+      {"--mix remap=1,", "--mix"},
+      {"--mix ,remap=1", "--mix"},
+      {"--mix remap=1,,move=1", "--mix"},
+      {"--mix remap=0 --fork-rate 0", "--mix"},
+      {"--json ''", "--json"},
+  };
+  for (const auto &[args, option] : cases) {
+    const auto result = run(kStress + " -q -d 0.2 " + args);
+    EXPECT_EQ(result.status, 2) << args << ":\n" << result.output;
+    EXPECT_NE(result.output.find(option), std::string::npos)
+        << args << ": the message does not name " << option << ":\n"
+        << result.output;
+    EXPECT_EQ(result.output.find("PASSED"), std::string::npos) << args << ":\n" << result.output;
+  }
+  // Forks alone, or no mutator at all, are still runs.
+  EXPECT_EQ(run(kStress + " -q -d 0.2 --mix remap=0").status, 0);
+  EXPECT_EQ(run(kStress + " -q -d 0.2 --mix remap=0 --fork-rate 0 -m 0").status, 0);
+}
+
 // An address-space limit too small for the run is named: exit 2 with RLIMIT_AS in the message,
 // never FAILED (as if the cache broke), never std::terminate. Limits from too small to map the
 // pool to too small for the threads' stacks.
@@ -107,6 +134,37 @@ TEST(StressTool, AddressSpaceLimitIsNamedNotAFailure) {
                                                                   << result.output;
     EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
   }
+}
+
+// Output that cannot be written is not a pass: the error is named on stderr and the exit status is
+// 2, as for set-up (1 says the cache failed). The JSON summary's file likewise (exit 1, as
+// before for a file that cannot be opened).
+TEST(StressTool, UnwritableOutputIsAnError) {
+  for (const char *args : {" --help", " -q -d 0.2", " -d 0.2"}) {
+    const auto result = run_into_full_stdout(kStress + args);
+    EXPECT_EQ(result.status, 2) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-stress: cannot write standard output"), std::string::npos)
+        << args << ": " << result.output;
+  }
+  const auto result = run(kStress + " -q -d 0.2 --json /dev/full");
+  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot write /dev/full"), std::string::npos) << result.output;
+}
+
+// Memory refused in the middle of a run (the address-space limit lowered under the running
+// program, below what it uses: every new mapping fails, fork children cannot set up their caches)
+// is named too: RLIMIT_AS in the message, exit 2, never FAILED as if the cache broke.
+TEST(StressTool, MemoryRefusedMidRunNamesTheAddressSpaceLimit) {
+  if (run("command -v prlimit").status != 0) GTEST_SKIP() << "no prlimit (util-linux)";
+  // In braces: run() sends the group's stderr, the background program's too, to the output.
+  const auto result =
+      run("{ " + kStress +
+          " -q -d 4 --fork-rate 20 & pid=$!; sleep 1.5; "
+          "vm=$(awk '/^VmSize/ {print $2}' /proc/$pid/status); "
+          "[ -n \"$vm\" ] && prlimit --pid $pid --as=$(( (vm - 100000) * 1024 )); wait $pid; }");
+  EXPECT_EQ(result.status, 2) << result.output;
+  EXPECT_NE(result.output.find("RLIMIT_AS"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("FAILED"), std::string::npos) << result.output;
 }
 
 // The main job, short: the defaults for five seconds, no stale use, no leak, no error.
@@ -293,6 +351,16 @@ TEST(InfoTool, JsonHasEverySection) {
       << "exact mode is the default";
   EXPECT_TRUE(info["backends"].contains("iouring"));
   unlink(json_path.c_str());
+}
+
+TEST(InfoTool, FullStandardOutputIsAnError) {
+  for (const char *args : {"", " --json", " --help"}) {
+    const auto result = run_into_full_stdout(kInfo + args);
+    EXPECT_EQ(result.status, 1) << args << ": " << result.output;
+    EXPECT_NE(result.output.find("mrcache-info: cannot write standard output: No space left"),
+              std::string::npos)
+        << args << ": " << result.output;
+  }
 }
 
 TEST(InfoTool, Help) {

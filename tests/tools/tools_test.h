@@ -33,6 +33,12 @@ inline Result run(const std::string &command) {
   return result;
 }
 
+// Runs `command` with its standard output on /dev/full (every write fails with ENOSPC); the
+// result's output is its stderr.
+inline Result run_into_full_stdout(const std::string &command) {
+  return run("{ " + command + " >/dev/full; }");
+}
+
 inline nlohmann::json read_json(const std::string &path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);

@@ -5,7 +5,8 @@
 // Every trial is a fresh process; the paths alternate within each repetition; the report gives
 // medians and per-repetition ratios (report.h). scripts/bench.sh runs it.
 //
-// Exit status: 0 = every trial ran; 1 = a trial failed (the report names it); 2 = bad usage.
+// Exit status: 0 = every trial ran; 1 = a trial failed (the report names it) or standard output
+// could not be written; 2 = bad usage (a malformed MRC_* variable too).
 #include <fmt/format.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -13,10 +14,12 @@
 #include <CLI/CLI.hpp>
 #include <regex>
 
+#include "mrcache/mrcache.h"
 #include "tools/appbench/driver.h"
 #include "tools/appbench/report.h"
 #include "tools/appbench/trial.h"
 #include "tools/common/cli_numbers.h"
+#include "tools/common/stdout_check.h"
 
 namespace {
 
@@ -45,6 +48,7 @@ int cpu_to_bind() {
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-appbench");
   CLI::App app{
       "mrcache-appbench: application workloads through mrcache, UCX's rcache and no "
       "cache, each trial a fresh process"};
@@ -109,6 +113,16 @@ int main(int argc, char **argv) {
       fmt::print("{:24} {}\n", w.name, w.about);
     }
     return 0;
+  }
+
+  // A malformed MRC_* variable makes every mrcache trial's mrc_cache_create refuse: the driver
+  // would call those paths unavailable and report the others, exit 0 with no mrcache figure.
+  // The library names the variable; the run is refused, as a bad option would be.
+  mrc_cache_params_t params;
+  char why[512] = "";
+  if (mrc_cache_params_init_checked(&params, why, sizeof why) != MRC_OK) {
+    fmt::print(stderr, "mrcache-appbench: {}\n", why);
+    return 2;
   }
 
   appbench::DriverConfig config;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 namespace appbench {
@@ -160,12 +161,14 @@ std::string markdown(const DriverConfig &config, const Results &results) {
 }
 
 void write_report(const DriverConfig &config, const Results &results, const std::string &dir) {
-  auto open = [&](const std::string &name) {
+  // Checked after the close: a full disk shows at the last flush.
+  auto write = [&](const std::string &name, const std::string &text) {
     std::ofstream file(dir + "/" + name);
+    file << text;
+    file.close();
     if (!file) throw std::runtime_error("cannot write " + dir + "/" + name);
-    return file;
   };
-  open("app.md") << markdown(config, results);
+  write("app.md", markdown(config, results));
 
   nlohmann::json json = {{"repetitions", config.repetitions},
                          {"min_seconds", config.timing.min_seconds},
@@ -191,12 +194,12 @@ void write_report(const DriverConfig &config, const Results &results, const std:
     }
     json["groups"].push_back(g);
   }
-  open("app.json") << json.dump(2) << "\n";
+  write("app.json", json.dump(2) + "\n");
 
   // The plot's data: one file per engine and binding, a row per workload, the four ratios.
   for (const std::string &engine : config.engines) {
     for (int cpu : config.cpus) {
-      std::ofstream dat = open(fmt::format("app-{}-{}.dat", engine, binding_file(cpu)));
+      std::ostringstream dat;
       dat << "workload";
       for (auto [a, b] : kRatios) dat << fmt::format(" {}/{}", a, path_title(b));
       dat << "\n";
@@ -209,6 +212,7 @@ void write_report(const DriverConfig &config, const Results &results, const std:
         }
         dat << "\n";
       }
+      write(fmt::format("app-{}-{}.dat", engine, binding_file(cpu)), dat.str());
     }
   }
 }

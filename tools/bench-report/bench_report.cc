@@ -27,9 +27,12 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "tools/common/stdout_check.h"
 
 namespace {
 
@@ -395,6 +398,7 @@ std::string markdown(const json &doc, const std::map<std::string, Figure> &figur
 int write_series(const std::string &path,
                  const std::map<std::string, std::map<double, double>> &series) {
   std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
   int count = 0;
   for (const auto &[title, points] : series) {
     if (points.empty()) continue;
@@ -403,12 +407,16 @@ int write_series(const std::string &path,
     for (const auto &[x, y] : points) out << x << ' ' << y << '\n';
     ++count;
   }
+  // A full disk shows at the last flush: scripts/bench.sh would plot a truncated file.
+  out.close();
+  if (!out) throw std::runtime_error("cannot write " + path);
   return count;
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-bench-report");
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: mrcache-bench-report BENCH.json [MORE.json...] OUT_DIR\n"
@@ -435,7 +443,12 @@ int main(int argc, char **argv) {
     const std::map<std::string, Figure> figures = load(doc);
     const std::string dir = argv[argc - 1];
 
-    std::ofstream(dir + "/results.md") << markdown(doc, figures);
+    {
+      std::ofstream md(dir + "/results.md");
+      md << markdown(doc, figures);
+      md.close();
+      if (!md) throw std::runtime_error("cannot write " + dir + "/results.md");
+    }
 
     // One file per implementation, the series in the same order in both (the plot gives a
     // layout the same colour in each, solid for mrcache, dashed for UCX).

@@ -518,6 +518,8 @@ struct Summary {
   }
 
   ~Summary() {
+    // Nothing ran (--help, --benchmark_list_tests, a refused argument): no empty tables.
+    if (results().empty()) return;
     bool header = false;
     for (const auto &[name, ours] : results()) {
       const bool tail = name.size() >= 5 && name.compare(name.size() - 5, 5, "/ours") == 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mrcache/mrcache.h"
+#include "tools/common/stdout_check.h"
 
 #if MRC_INFO_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -405,6 +406,7 @@ void print_text(const json &j) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-info");
   CLI::App app{
       "mrcache-info: what mrcache would do on this machine and why: version, effective "
       "configuration (MRC_* variables), the userfaultfd monitor mode, registration engines "

@@ -8,7 +8,8 @@
 //       messages (bench.h)
 //   mrcache-mpi report FILE...   medians and ratios of bench runs (no MPI)
 //
-// Exit status: 0 = passed; 1 = a check failed or an error (the report names it); 2 = usage.
+// Exit status: 0 = passed; 1 = a check failed or an error (the report names it; standard output
+// that could not be written too); 2 = usage.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "tools/common/cli_numbers.h"
+#include "tools/common/stdout_check.h"
 #include "tools/mpi/bench.h"
 #include "tools/mpi/stress.h"
 
@@ -69,6 +71,7 @@ bool for_each_item(const std::string &list, Take take, Out *out) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-mpi");
   CLI::App app{"mrcache-mpi: the registration cache across nodes, remote peers as the oracle"};
   app.require_subcommand(1);
 

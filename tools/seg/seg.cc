@@ -11,7 +11,8 @@
 // one that is not a regular file) is reported once ("skipped") and does not make the command fail.
 // The tool attaches as an observer (no client slot, no window reservation), except remove
 // --all, which joins for a moment so that it can tear the domain down as its last client.
-// Exit status: 0 success, 1 a command failed (or a domain is busy), 2 bad usage.
+// Exit status: 0 success, 1 a command failed (or a domain is busy, or standard output could not
+// be written), 2 bad usage.
 //
 // SYNCHRONIZATION: single-threaded; every shared-memory access goes through the library (its
 // locks and its repair rules apply: a live lock holder is waited for, never forced out).
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "mrcache/mrcache.h"
+#include "tools/common/stdout_check.h"
 
 namespace {
 
@@ -287,6 +289,7 @@ int cmd_remove(const Options &o) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  mrc_tools::check_stdout_at_exit("mrcache-seg");
   Options o;
   CLI::App app{
       "mrcache-seg: list, inspect, scan, repair and remove mrcache shared-segment "

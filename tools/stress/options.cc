@@ -3,6 +3,7 @@
 #include "tools/common/cli_numbers.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -57,7 +58,8 @@ constexpr const char *kDescription =
     "then reported and not counted (--strict-unmap-window counts them).\n"
     "\n"
     "Exit status: 0 = no stale use, no leak, no error (failures injected by --fail-rate are\n"
-    "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up.\n";
+    "expected and do not count as errors); 1 = the run failed; 2 = bad usage or set-up\n"
+    "(standard output that cannot be written included).\n";
 
 constexpr const char *kFooter =
     "\nExamples:\n"
@@ -112,10 +114,17 @@ const char *oracle_name(OracleKind oracle) {
 
 void parse_mix(const std::string &text, std::array<double, kMutationKinds> *mix) {
   mix->fill(0);
+  // An empty list, or an empty item ("remap=1,,move=2", a trailing comma), is a typing slip: it
+  // used to leave those weights 0 and the run went on without the mutations meant.
+  if (text.empty()) {
+    throw std::invalid_argument("the list is empty (want name=weight,...; see --help)");
+  }
+  if (text.front() == ',' || text.back() == ',' || text.find(",,") != std::string::npos) {
+    throw std::invalid_argument("empty item in '" + text + "'");
+  }
   std::stringstream stream(text);
   std::string item;
   while (std::getline(stream, item, ',')) {
-    if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string name = item.substr(0, eq);
     double weight = 1;
@@ -258,7 +267,11 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                  "injection, others: a wrapper in front of the backend)")
       ->capture_default_str()
       ->check(finite_range(0, 1));
-  app.add_option("--json", o->json_path, "Write the summary as JSON to FILE");
+  app.add_option("--json", o->json_path, "Write the summary as JSON to FILE")
+      ->check([](const std::string &path) {
+        // An empty FILE used to mean no summary at all, silently.
+        return path.empty() ? std::string("FILE is empty") : std::string();
+      });
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
                "Do not stop at the first stale registration (report up to 10)");
@@ -313,6 +326,14 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   if (max_regions_option->count() != 0) o->max_regions = max_regions;
   if (max_bytes_option->count() != 0) o->max_bytes = max_bytes;
   if (max_unreleased_option->count() != 0) o->max_unreleased = max_unreleased;
+  const bool no_weight =
+      std::all_of(o->mix.begin(), o->mix.end(), [](double weight) { return weight == 0; });
+  if (o->mutators != 0 && o->fork_rate == 0 && no_weight) {
+    std::fprintf(stderr,
+                 "mrcache-stress: --mix: every weight is 0 and --fork-rate is 0, so the mutators "
+                 "would change nothing (-m 0 runs without them)\n");
+    return 2;
+  }
   if (o->churn != 0 && o->churn_size == 0) {
     std::fprintf(stderr, "mrcache-stress: --churn-size must be positive\n");
     return 2;

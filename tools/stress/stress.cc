@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "mrcache/mrcache.h"
+#include "tools/common/stdout_check.h"
 #include "tools/stress/backend.h"
 #include "tools/stress/options.h"
 #include "tools/stress/oracle.h"
@@ -54,6 +55,7 @@ constexpr int kChildStale = 10;
 constexpr int kChildError = 11;
 constexpr int kChildLeak = 12;
 constexpr int kChildSetup = 13;
+constexpr int kChildNoMemory = 14;  // set-up or a get failed for lack of memory
 constexpr int kChildTimeoutSeconds = 60;
 constexpr size_t kMaxReports = 10;
 constexpr size_t kMaxWindowReports = 3;
@@ -89,6 +91,8 @@ struct Run {
   std::atomic<uint64_t> forks{0};
   std::atomic<uint64_t> invalidate_callbacks{0};
   std::atomic<uint64_t> log_warnings{0}, log_errors{0};
+  // Errors for lack of memory (says_no_memory): under an address-space limit, the limit's doing.
+  std::atomic<uint64_t> no_memory_errors{0};
 
   std::mutex report_mutex;
   std::vector<std::string> stale_reports;   // report_mutex
@@ -125,7 +129,26 @@ void on_invalidated(void *arg) {
   static_cast<Run *>(arg)->invalidate_callbacks.fetch_add(1, std::memory_order_relaxed);
 }
 
-void add_error(Run &run, const std::string &text) {
+// A failure for lack of memory: ENOMEM's text, or the library's MRC_ERR_NO_MEMORY.
+bool says_no_memory(const std::string &text) {
+  return text.find(strerrordesc_np(ENOMEM)) != std::string::npos ||
+         text.find(mrc_status_string(MRC_ERR_NO_MEMORY)) != std::string::npos;
+}
+
+// "address-space limit RLIMIT_AS=190.7 MiB reached (`ulimit -v`)" when that limit is finite,
+// else "": what a failure for lack of memory most likely means then.
+std::string address_space_reached() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  return "address-space limit RLIMIT_AS=" + format_size(limit.rlim_cur) + " reached (`ulimit -v`)";
+}
+
+void add_error(Run &run, std::string text) {
+  if (says_no_memory(text)) {
+    run.no_memory_errors.fetch_add(1, std::memory_order_relaxed);
+    const std::string limit = address_space_reached();
+    if (!limit.empty()) text += " [" + limit + "]";
+  }
   std::lock_guard lock(run.report_mutex);
   if (run.errors.size() < kMaxReports) {
     run.errors.push_back(text);
@@ -462,7 +485,7 @@ int child_main(const Run &run) {
   std::unique_ptr<BackendSetup> backend = BackendSetup::create(config, &error);
   if (backend == nullptr) {
     say("backend set-up failed: " + error);
-    return kChildSetup;
+    return says_no_memory(error) ? kChildNoMemory : kChildSetup;
   }
   std::unique_ptr<Oracle> oracle;
   if (backend->iouring() != nullptr) {
@@ -475,7 +498,7 @@ int child_main(const Run &run) {
   std::unique_ptr<OracleThread> check = oracle->thread(0, &error);
   if (check == nullptr) {
     say("oracle set-up failed: " + error);
-    return kChildSetup;
+    return says_no_memory(error) ? kChildNoMemory : kChildSetup;
   }
   mrc_cache_params_t params;
   mrc_cache_params_init(&params);
@@ -488,7 +511,7 @@ int child_main(const Run &run) {
   mrc_status_t status = mrc_cache_create(&params, &cache);
   if (status != MRC_OK) {
     say(std::string("mrc_cache_create: ") + mrc_status_string(status));
-    return kChildSetup;
+    return status == MRC_ERR_NO_MEMORY ? kChildNoMemory : kChildSetup;
   }
 
   int verdict = 0;
@@ -500,7 +523,7 @@ int child_main(const Run &run) {
     if (status != MRC_OK) {
       say(std::string(what) + ": mrc_get " + range_text(start, len) + " = " +
           mrc_status_string(status) + " (" + mrc_backend_last_error() + ")");
-      verdict = kChildError;
+      verdict = status == MRC_ERR_NO_MEMORY ? kChildNoMemory : kChildError;
       return false;
     }
     const CheckResult result = check->check(region, start, len, rng);
@@ -619,10 +642,11 @@ void do_fork(Run &run, ThreadCounters &c) {
     why = std::string("killed by signal ") + strsignal(WTERMSIG(wstatus));
   } else {
     const int code = WEXITSTATUS(wstatus);
-    why = code == kChildLeak    ? "leaked registrations"
-          : code == kChildSetup ? "could not set up its cache"
-          : code == kChildError ? "hit an error"
-                                : "exited with status " + std::to_string(code);
+    why = code == kChildLeak       ? "leaked registrations"
+          : code == kChildSetup    ? "could not set up its cache"
+          : code == kChildNoMemory ? std::string("ran out of memory: ") + strerrordesc_np(ENOMEM)
+          : code == kChildError    ? "hit an error"
+                                   : "exited with status " + std::to_string(code);
   }
   add_error(run, "fork child " + std::to_string(pid) + " " + why + " (its messages are on stderr)");
 }
@@ -1167,6 +1191,13 @@ int run_main(int argc, char **argv) {
         "fast mode without churn threads (--churn 0): the unmap window is rarely "
         "reached, so 0 in-window hits says little");
   }
+  // Every error was for lack of memory, under an address-space limit (each error line names it):
+  // the machine could not hold the run, as when the threads or the pool are refused.
+  const uint64_t no_memory = run.no_memory_errors.load(std::memory_order_relaxed);
+  if (run.resource_failure.empty() && no_memory != 0 && no_memory == summary.totals.errors &&
+      summary.totals.stale == 0 && !address_space_reached().empty()) {
+    run.resource_failure = std::to_string(no_memory) + " operation(s) failed for lack of memory";
+  }
   if (!run.resource_failure.empty()) {
     // Out of memory, address space or threads: the run did not finish, so it proves nothing
     // either way. Exit 2 with the reason, not FAILED.
@@ -1223,6 +1254,8 @@ int run_main(int argc, char **argv) {
 }  // namespace stress
 
 int main(int argc, char **argv) {
+  // Exit 2, as for set-up: 1 says the cache failed (scripts/soak.sh stops on it).
+  mrc_tools::check_stdout_at_exit("mrcache-stress", 2);
   try {
     return stress::run_main(argc, argv);
   } catch (const std::exception &e) {
