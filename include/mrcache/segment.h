@@ -218,9 +218,10 @@ MRC_API mrc_status_t mrc_seg_close(mrc_seg_t *seg);
 MRC_API mrc_status_t mrc_seg_memfd_create(const mrc_seg_params_t *params, mrc_seg_t **out);
 /* Send the segment's descriptor over a connected AF_UNIX socket. */
 MRC_API mrc_status_t mrc_seg_send(const mrc_seg_t *seg, int sock);
-/* Receive one, verify it (a sealed memfd whose header, heap header included, is sane:
- * MRC_ERR_INVALID otherwise, the field named), and map it at the sender's address with
- * MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that range is taken here. The sender can still write
+/* Receive one, verify it (one descriptor, not cut short; a sealed memfd this process may map
+ * writable whose header, heap header included, is sane: MRC_ERR_INVALID otherwise, the field
+ * named), and map it at the sender's address with MAP_FIXED_NOREPLACE: MRC_ERR_EXISTS when that
+ * range is taken here. A refused message's descriptors are all closed. The sender can still write
  * to it: the heap calls check the heap header again each time. */
 MRC_API mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out);
 

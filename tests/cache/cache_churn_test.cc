@@ -250,34 +250,41 @@ TEST_P(CacheChurn, AMergedRegionCarriesOnTheUsesOfWhatItAbsorbed) {
 // each (a busy wait), the registrations saved are worth 1.33 round trips: more than one round
 // trip and a watch, less than eight. The round trip is set, not measured, and long (12 ms):
 // a registration measured six times its cost (a preempted busy wait on a loaded host, a
-// sanitizer) still does not pay.
+// sanitizer) still does not pay. A run in which some busy wait took three times its length is
+// run again (twice at most): the host, not the cache, decided it.
 TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
   const uint64_t began = mrc::os::ticks();
   std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const uint64_t registration = mrc::os::ticks() - began;  // 1 ms at least
-  create_cache(0);
-  mrc::uffd::testing::set_round_trip_ticks(12 * registration);
-  backend.reg_spin_ticks = registration;
   constexpr size_t kGrowths = 8;
   const size_t step = kPages / kGrowths * kPage;
-  for (int m = 0; m < 10; ++m) {
-    char *p = static_cast<char *>(mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0));
-    ASSERT_EQ(p, address_);
-    for (int round = 0; round < 2; ++round) {
-      for (size_t g = 1; g <= kGrowths; ++g) {
-        mrc_region_t *region = nullptr;
-        ASSERT_EQ(mrc_get(cache, p, g * step, MRC_PROT_READ, &region), MRC_OK);
-        mrc_put(cache, region);
+  for (int attempt = 1;; ++attempt) {
+    create_cache(0);
+    mrc::uffd::testing::set_round_trip_ticks(12 * registration);
+    backend.reg_spin_ticks = registration;
+    backend.longest_wait_ticks = 0;
+    for (int m = 0; m < 10; ++m) {
+      char *p = static_cast<char *>(mmap(address_, kPages * kPage, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0));
+      ASSERT_EQ(p, address_);
+      for (int round = 0; round < 2; ++round) {
+        for (size_t g = 1; g <= kGrowths; ++g) {
+          mrc_region_t *region = nullptr;
+          ASSERT_EQ(mrc_get(cache, p, g * step, MRC_PROT_READ, &region), MRC_OK);
+          mrc_put(cache, region);
+        }
       }
+      ASSERT_EQ(munmap(p, kPages * kPage), 0);
     }
-    ASSERT_EQ(munmap(p, kPages * kPage), 0);
+    if (attempt < 3 && backend.longest_wait_ticks > 3 * registration) continue;
+    // Priced at one round trip the merged region would pay and nothing would ever be skipped.
+    // At eight, two messages teach and later messages register uncached, until a sample (at
+    // most one per 8 misses at first) registers a range alone: used again, that one pays and
+    // caching is back for two messages. Each of the eight messages after the teaching ones
+    // skips some.
+    EXPECT_GE(churn_skips(), 2u * kGrowths);
+    break;
   }
-  // Priced at one round trip the merged region would pay and nothing would ever be skipped. At
-  // eight, two messages teach and later messages register uncached, until a sample (at most one
-  // per 8 misses at first) registers a range alone: used again, that one pays and caching is
-  // back for two messages. Each of the eight messages after the teaching ones skips some.
-  EXPECT_GE(churn_skips(), 2u * kGrowths);
 }
 
 // A gap between samples holds no more registrations than four samples cost (docs/DESIGN.md,
@@ -285,18 +292,19 @@ TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
 // costs as much as a sample (the round trip is set, not measured), however long its address
 // churned. Before, the gaps grew to 512..1536 misses whatever a registration cost.
 TEST_P(CacheChurn, ASteadyBufferIsCachedAgainWithinAFewGetsWhateverTheAddressChurned) {
+  // Long (4 ms at least): a watch stretched by a loaded host stays far shorter.
   const uint64_t began = mrc::os::ticks();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const uint64_t round_trip = mrc::os::ticks() - began;  // 1 ms at least
-  for (const unsigned churns : {2U, 20U, 300U}) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(4));
+  const uint64_t round_trip = mrc::os::ticks() - began;
+  for (const unsigned churns : {2U, 20U, 100U}) {
     SCOPED_TRACE(churns);
     create_cache(0);
     mrc::uffd::testing::set_round_trip_ticks(round_trip);
     backend.reg_spin_ticks = round_trip;  // a NIC's registration of a large buffer
     messages(churns, 1);
     // Gaps of at most 2 (four samples' worth of registrations and deregistrations): two
-    // uncached gets, the sample, then the hit. A watch or a registration measured longer than
-    // it is (a loaded host) makes the gap shorter or at most 4.
+    // uncached gets, the sample, then the hit. A registration measured longer than it is (a
+    // loaded host) makes the gap shorter, a watch as long as a round trip makes it 4.
     EXPECT_LE(gets_until_cached(), 5u);
   }
 }
@@ -306,14 +314,14 @@ TEST_P(CacheChurn, ASteadyBufferIsCachedAgainWithinAFewGetsWhateverTheAddressChu
 // of a 64th of a round trip, after 3000 messages that taught the gaps to grow to 512..1536.
 TEST_P(CacheChurn, ASteadyBuffersUncachedRegistrationsCostAFewSamplesWhateverTheyCost) {
   const uint64_t began = mrc::os::ticks();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(4));
   const uint64_t round_trip = mrc::os::ticks() - began;
   create_cache(0);
   mrc::uffd::testing::set_round_trip_ticks(round_trip);
   backend.reg_spin_ticks = round_trip / 64;
   messages(3000, 1);
-  // 128 skips at most, then the sample; the slack covers watches and registrations measured
-  // longer or shorter than their cost on a loaded host.
+  // 128 skips at most, then the sample; the slack covers a watch measured longer than its cost
+  // (up to half a round trip) on a loaded host.
   EXPECT_LE(gets_until_cached(), 200u);
 }
 

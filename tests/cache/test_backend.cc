@@ -35,12 +35,17 @@ mrc_status_t CountingBackend::reg(void *ctx, void *addr, size_t len, unsigned pr
       return self->fail_status.load();
     }
   }
+  const uint64_t waited_from = os::ticks();
   if (const uint32_t delay = self->reg_delay_us.load(); delay != 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(delay));
   }
   if (const uint64_t spin = self->reg_spin_ticks.load(); spin != 0) {
     for (const uint64_t began = os::ticks(); os::ticks() - began < spin;) {
     }
+  }
+  const uint64_t waited = os::ticks() - waited_from;
+  for (uint64_t longest = self->longest_wait_ticks.load();
+       waited > longest && !self->longest_wait_ticks.compare_exchange_weak(longest, waited);) {
   }
   auto *registration = new Registration{reinterpret_cast<uintptr_t>(addr), len, prot, 0,
                                         self->next_serial_.fetch_add(1)};

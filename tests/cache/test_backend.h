@@ -38,6 +38,9 @@ class CountingBackend {
   std::atomic<uint32_t> reg_delay_us{0};
   // The same as a busy wait of so many os::ticks() (precise where a sleep overshoots).
   std::atomic<uint64_t> reg_spin_ticks{0};
+  // The longest a registration's delay and busy wait took, in os::ticks(): a loaded host that
+  // preempts the wait stretches what the cache measures of it.
+  std::atomic<uint64_t> longest_wait_ticks{0};
   // Ranges that fail to register (exact match of start).
   std::mutex mutex;
   std::set<uintptr_t> failing_starts;

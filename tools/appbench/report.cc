@@ -48,7 +48,7 @@ std::optional<double> group_median(const Group &group, const std::string &path) 
   return f == nullptr ? std::nullopt : median(*f);
 }
 
-// Where no cache beats UCX, mrcache must beat no cache too (issue 18's goals): the rows whose
+// Where no cache beats UCX, mrcache must beat no cache too (the application goals): the rows whose
 // mode misses a goal, with the figure that misses it.
 std::vector<std::string> goal_misses(const Results &results, const std::string &mode) {
   std::vector<std::string> misses;
@@ -134,7 +134,7 @@ std::string markdown(const DriverConfig &config, const Results &results) {
       }
     }
   }
-  out += "\n### Goals (issue 18)\n\n";
+  out += "\n### Goals\n\n";
   for (const char *mode : {"exact", "fast"}) {
     const std::vector<std::string> misses = goal_misses(results, mode);
     out += fmt::format("- {} mode: {}\n", mode,

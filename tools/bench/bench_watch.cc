@@ -17,7 +17,7 @@
 //                                 event is a round trip through the monitor thread for the
 //                                 calling thread).
 //
-// Goal (issue 4): a cache miss in a watched range costs at most half of UCX's (~200 ns here),
+// Goal: a cache miss in a watched range costs at most half of UCX's (~200 ns here),
 // so watch() and unwatch() of armed memory must make no syscall (~250 ns each here); target
 // < 40 ns each, uncontended. Run in a process of its own (--benchmark_filter=BM_Watch): UCX's
 // rcache, created by bench_cache, patches libc's munmap for the rest of its process.
