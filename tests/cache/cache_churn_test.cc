@@ -57,6 +57,16 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
     address_ = static_cast<char *>(room);
     ASSERT_EQ(munmap(room, kRoom), 0);
   }
+  // The back-off's tests: the counting backend registers in well under a microsecond, far less
+  // than a sample (a watch and a round trip) costs, so the gaps' cost bound (four samples' worth
+  // of registrations) lies past the back-off's longest gap. Under a sanitizer a registration
+  // measures tens of microseconds, as much as a loaded host's round trip: the round trip is set
+  // to a second (the model's price only; nothing waits for it).
+  void price_samples_far_above_registrations() {
+    const uint64_t began = mrc::os::ticks();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    mrc::uffd::testing::set_round_trip_ticks(1000 * (mrc::os::ticks() - began));
+  }
   // One message: a new mapping, `gets` get/put pairs of all of it, munmap.
   void messages(unsigned count, unsigned gets) {
     for (unsigned m = 0; m < count; ++m) {
@@ -108,6 +118,7 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
 
 TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEvent) {
   create_cache(0);
+  price_samples_far_above_registrations();
   messages(40, 1);
   // Two registrations teach; of the 38 misses after them at most two are cached samples (gaps
   // of at least 8, then 16 misses).
@@ -124,6 +135,7 @@ TEST_P(CacheChurn, AMappingThatChurnsIsRegisteredUncachedAndItsMunmapSendsNoEven
 // after each sample's munmap learns it late (the event is applied by that miss's slow path).
 TEST_P(CacheChurn, AChurningRangesGetsTakeNoProbeAndNoLookup) {
   create_cache(0);
+  price_samples_far_above_registrations();
   messages(40, 1);
   // At most two samples among the 38 misses after the two that taught, each followed by one
   // skip decided in the slow path.
@@ -136,6 +148,7 @@ TEST_P(CacheChurn, AChurningRangesGetsTakeNoProbeAndNoLookup) {
 // were granted, and once they run out the sample is cached and every later get hits it.
 TEST_P(CacheChurn, ThreadsTakeEachTicketOnceAndThenHitTheSample) {
   create_cache(0);
+  price_samples_far_above_registrations();
   // Two teach; the first gap's tickets (at most 22) are taken here or below. When the tenth
   // message was the sample, its munmap is applied by the first get below and grants at most
   // 3 * 32 / 2 - 1 tickets.
@@ -171,12 +184,7 @@ TEST_P(CacheChurn, ThreadsTakeEachTicketOnceAndThenHitTheSample) {
 
 TEST_P(CacheChurn, SamplesGetRarerWhileTheyKeepChurning) {
   create_cache(0);
-  // A round trip far longer than a registration of the counting backend (well under a
-  // microsecond): the gaps' cost bound (four samples' worth of registrations) is past 1024, so
-  // the back-off alone sets them, as for any registration far cheaper than a sample.
-  const uint64_t began = mrc::os::ticks();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  mrc::uffd::testing::set_round_trip_ticks(mrc::os::ticks() - began);
+  price_samples_far_above_registrations();
   messages(2000, 1);
   // Without the back-off one miss in 16 would be cached: 125 of them. With it the gaps between
   // samples are at least 8, 16, 32, ... 512 misses: at most 8 samples in 1,998 misses, plus the
@@ -205,6 +213,7 @@ TEST_P(CacheChurn, ARangeUsedAgainButCheaperToRegisterThanToWatchIsRegisteredUnc
   // and the munmap's round trip to the monitor two context switches at least. One reuse saves
   // one registration and one deregistration: less than caching cost.
   create_cache(0);
+  price_samples_far_above_registrations();
   messages(40, 2);
   const mrc_stats_t s = stats();
   // Two messages teach; of the 76 misses of the 38 after them at most four are cached samples
