@@ -67,9 +67,9 @@ configs=(
   # Hot pages parked in several threads' lines, taken back by every mutation kind, with the
   # moment a put parks into a line its reclaimer empties widened (core/cache/testing.h).
   "hot-parked|MRC_TEST_PARK_WINDOW=50000|--hot-threads 4"
+  "hot-parked-fast|MRC_TEST_PARK_WINDOW=50000|--fast --hot-threads 4"
   "${pfn[@]:0:1}"
   "fast||--fast"
-  "hot-parked-fast|MRC_TEST_PARK_WINDOW=50000|--fast --hot-threads 4"
   "inject-forks||--fail-rate 0.05 --fork-rate 4"
   "missing|MRC_MONITOR=missing|"
   "${pfn[@]:1:1}"
