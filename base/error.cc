@@ -1,13 +1,30 @@
-// The calling thread's last error. SYNCHRONIZATION: see error.h (thread-local, nothing shared).
+// The calling thread's last error (error.h).
+//
+// The text lives on the heap, allocated at a thread's first error and freed when it exits, not in
+// a thread-local array: libmrcache's thread-local block must stay small enough for a dlopen
+// (docs/DESIGN.md, "C ABI": a library with initial-exec thread-locals is loaded into glibc's
+// static TLS surplus, about 1.5 KiB for every such library a process dlopens).
 #include "base/error.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "mrcache/mrcache.h"
 
 namespace mrc {
 namespace {
-thread_local char tls_last_error[kLastErrorSize];
+
+// Owns the thread's text; its destructor runs at thread exit.
+struct LastError {
+  char *text = nullptr;
+  bool lost = false;  // a reason could not be kept (no memory for the text)
+  LastError() = default;
+  LastError(const LastError &) = delete;
+  LastError &operator=(const LastError &) = delete;
+  ~LastError() { std::free(text); }
+};
+thread_local LastError tls_last_error;
+
 }  // namespace
 
 void set_last_error(const char *format, ...) noexcept {
@@ -18,12 +35,26 @@ void set_last_error(const char *format, ...) noexcept {
 }
 
 void set_last_error_v(const char *format, std::va_list args) noexcept {
-  std::vsnprintf(tls_last_error, sizeof tls_last_error, format, args);
+  LastError &error = tls_last_error;
+  if (error.text == nullptr) {
+    error.text = static_cast<char *>(std::malloc(kLastErrorSize));
+    error.lost = error.text == nullptr;
+    if (error.lost) return;
+  }
+  std::vsnprintf(error.text, kLastErrorSize, format, args);
 }
 
-void clear_last_error() noexcept { tls_last_error[0] = '\0'; }
+void clear_last_error() noexcept {
+  LastError &error = tls_last_error;
+  error.lost = false;
+  if (error.text != nullptr) error.text[0] = '\0';
+}
 
-const char *last_error() noexcept { return tls_last_error; }
+const char *last_error() noexcept {
+  const LastError &error = tls_last_error;
+  if (error.lost) return "the reason was lost: no memory to keep it";
+  return error.text != nullptr ? error.text : "";
+}
 
 }  // namespace mrc
 

@@ -8,6 +8,7 @@
 #   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
 #   layer 4  core/cache/       may include: every layer above, core/cache/   fmt, libnuma, all above
 #   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
+#   layer 4  core/monitor/     may include: mrcache/ base/ uffd/ core/monitor/   liburing
 #                              (it reaches the cache through the public C API only)
 #   layer 5  tools/ tests/     not checked (they see the library and its private headers)
 #
@@ -39,6 +40,7 @@ layer_of() {
     backends/*) echo backends ;;
     core/cache/*) echo cache ;;
     core/segment/*) echo segment ;;
+    core/monitor/*) echo monitor ;;
     core/*) echo core ;;
     tools/*) echo tools ;;
     tests/*) echo tests ;;
@@ -57,6 +59,7 @@ allowed_internal() {
     uffd:public | uffd:base | backends:public | backends:base) return 0 ;;
     cache:public | cache:base | cache:pgtable | cache:uffd | cache:backends) return 0 ;;
     segment:public | segment:base) return 0 ;;
+    monitor:public | monitor:base | monitor:uffd) return 0 ;;
   esac
   return 1
 }
@@ -74,6 +77,8 @@ allowed_external() {
       [[ $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
     segment)
       [[ $h =~ $tp_uring || $h =~ $tp_verbs ]] && return 1 ;;
+    monitor)
+      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
   esac
   return 0
 }

@@ -19,6 +19,8 @@ packages=(
   gnuplot-nox valgrind
   # mrcache-mpi and the two-guest lane (Open MPI across the guests, socat for their agent)
   libopenmpi-dev openmpi-bin socat
+  # the libfabric monitor plugin, and the programs we did not write that prove it in the guests
+  libfabric-dev libfabric-bin netpipe-openmpi
   # style checks
   clang-format clang-tidy
   # scripts: setpriv (unprivileged lane), ps/pgrep/sysctl, nm/readelf (binutils), realpath

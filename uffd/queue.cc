@@ -60,9 +60,13 @@ void InvalidationQueue::end_batch() noexcept {
   if (head_.load(std::memory_order_relaxed) != next_) {
     head_.store(next_, std::memory_order_release);
   }
+  batches_.fetch_add(1, std::memory_order_seq_cst);
   pending_.fetch_sub(1, std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) != 0) {
     os::futex_wake_all(&pending_);
+  }
+  if (batch_waiters_.load(std::memory_order_seq_cst) != 0) {
+    os::futex_wake_all(&batches_);
   }
 }
 
@@ -98,9 +102,18 @@ void InvalidationQueue::wait_for_batch(int64_t timeout_ns) const noexcept {
   waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
+void InvalidationQueue::wait_for_batch_after(uint32_t seen, int64_t timeout_ns) const noexcept {
+  batch_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  os::futex_wait_for(&batches_, seen, timeout_ns);  // returns at once if batches_ != seen
+  batch_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void InvalidationQueue::wake_batch_waiters() const noexcept { os::futex_wake_all(&batches_); }
+
 void InvalidationQueue::reset_after_fork() noexcept {
   pending_.store(0, std::memory_order_relaxed);
   waiters_.store(0, std::memory_order_relaxed);
+  batch_waiters_.store(0, std::memory_order_relaxed);
   next_ = head_.load(std::memory_order_relaxed);
 }
 

@@ -22,6 +22,11 @@
 //             them after lowering pending_ (Dekker pair: both sides use seq_cst on pending_ and
 //             waiters_). A batch that begins and ends between a waiter's load of pending_ and
 //             its futex wait goes unseen: wait_for_batch() then sleeps out its timeout.
+//   batches_  number of batches ended, raised (seq_cst RMW) by end_batch() after head_'s store.
+//             wait_for_batch_after(seen) sleeps on it while it still equals `seen`, so a batch
+//             ended after the caller read `seen` is never missed (the futex compares first).
+//             batch_waiters_ counts those sleepers (Dekker pair with batches_, seq_cst both
+//             sides): the producer wakes them only when there are some.
 //   next_     producer-private; set before the producer thread starts (pthread_create orders it).
 //   slots_, mask_  written by allocate()/release() only while no producer runs and no consumer
 //             is attached (the monitor's registry mutex and lifecycle guarantee this).
@@ -86,6 +91,14 @@ class InvalidationQueue {
   void wait_until_idle() const noexcept;
   // Sleeps until the producer ends its next batch, or `timeout_ns` passed (or spuriously).
   void wait_for_batch(int64_t timeout_ns) const noexcept;
+  // Batches ended so far (wraps). Read it before checking for work, then wait_for_batch_after()
+  // with what it returned: a batch that ends in between wakes the wait at once.
+  uint32_t batches() const noexcept { return batches_.load(std::memory_order_seq_cst); }
+  // Sleeps while no batch ended since batches() returned `seen`, at most `timeout_ns` (or
+  // spuriously).
+  void wait_for_batch_after(uint32_t seen, int64_t timeout_ns) const noexcept;
+  // Wakes every wait_for_batch_after() at once (a consumer that is stopping its waiting thread).
+  void wake_batch_waiters() const noexcept;
 
   // In a forked child: no producer exists there, whatever state the copy was caught in.
   void reset_after_fork() noexcept;
@@ -104,6 +117,8 @@ class InvalidationQueue {
   alignas(64) mutable std::atomic<uint32_t> pending_{0};
   std::atomic<uint64_t> head_{0};
   alignas(64) mutable std::atomic<uint32_t> waiters_{0};
+  mutable std::atomic<uint32_t> batches_{0};
+  mutable std::atomic<uint32_t> batch_waiters_{0};
   alignas(64) uint64_t next_ = 0;
   Slot *slots_ = nullptr;
   uint64_t mask_ = 0;

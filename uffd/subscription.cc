@@ -55,6 +55,32 @@ DrainResult Subscription::lapped(uint64_t head) noexcept {
   return DrainResult::Overflow;
 }
 
+Subscription::Unapplied Subscription::unapplied(uintptr_t start, uintptr_t end) const noexcept {
+  if (queue_->pending() != 0) return Unapplied::Unknown;
+  const uint64_t head = queue_->head();
+  uint64_t at = cursor_.load(std::memory_order_acquire);
+  if (at == head) return Unapplied::None;
+  if (forked_.load(std::memory_order_relaxed) || at == kForkedCursor ||
+      head - at > queue_->capacity()) {
+    return Unapplied::Unknown;
+  }
+  Invalidation record;
+  for (; at != head; ++at) {
+    if (!queue_->read(at, &record)) return Unapplied::Unknown;  // lapped: the record is gone
+    if (record.start < end && start < record.end) return Unapplied::Overlapping;
+  }
+  return Unapplied::None;
+}
+
+void Subscription::wait_for_records(int64_t timeout_ns) const noexcept {
+  const uint32_t seen = queue_->batches();
+  if (forked_.load(std::memory_order_relaxed) || queue_->pending() != 0 ||
+      cursor_.load(std::memory_order_acquire) != queue_->head()) {
+    return;
+  }
+  queue_->wait_for_batch_after(seen, timeout_ns);
+}
+
 mrc_monitor_mode_t Subscription::mode() const noexcept {
   return static_cast<mrc_monitor_mode_t>(g_monitor.mode.load(std::memory_order_relaxed));
 }

@@ -78,6 +78,19 @@ class Subscription {
 
   mrc_monitor_mode_t mode() const noexcept;
 
+  // For a subscriber that answers validity questions while another thread drains (the public
+  // monitor, core/monitor/): whether a record this subscription has not applied yet may concern
+  // [start, end). Unknown while a batch is being read (`pending`), when records were lost to it,
+  // and in a forked child until it drained. Any thread, no lock: acquire loads of `pending`, the
+  // head, the cursor and the records (the queue's seqlock), as for quiescent().
+  enum class Unapplied : uint8_t { None, Overlapping, Unknown };
+  Unapplied unapplied(uintptr_t start, uintptr_t end) const noexcept;
+  // Returns when a record this subscription has not applied may be waiting, or after at most
+  // `timeout_ns`. For a thread that drains for others; never misses a batch that ends meanwhile.
+  void wait_for_records(int64_t timeout_ns) const noexcept;
+  // Ends every wait_for_records() now (spuriously, for the waiter).
+  void wake_record_waiters() const noexcept { queue_->wake_batch_waiters(); }
+
   // Exactness under concurrent unmaps (docs/DESIGN.md, "Exact under concurrent unmaps"). The
   // kernel queues an UNMAP or REMAP event only after the VMA is gone, so another thread's mmap
   // may hand out the same address before the monitor has read it, while the old region still

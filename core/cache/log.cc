@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include <pthread.h>
@@ -51,15 +52,32 @@ const char *level_name(mrc_log_level_t level) noexcept {
   return "?";
 }
 
-// Messages logged while this thread is inside a deferral (defer_begin).
+// Messages logged while this thread is inside a deferral (defer_begin). Their texts live on the
+// heap, allocated at the thread's first deferred message: libmrcache's thread-local block must
+// stay small enough for a dlopen (base/error.cc).
+struct DeferredTexts {
+  mrc_log_level_t levels[kDeferredMax];
+  char texts[kDeferredMax][kDeferredLength];
+};
 struct Deferred {
   unsigned depth;
   unsigned count;
   unsigned lost;
-  mrc_log_level_t levels[kDeferredMax];
-  char texts[kDeferredMax][kDeferredLength];
+  DeferredTexts *store;
 };
 constinit thread_local Deferred tls_deferred{};
+// Frees the thread's store when it exits; touched only by the thread that allocates one.
+struct DeferredStoreOwner {
+  bool armed = false;
+  DeferredStoreOwner() = default;
+  DeferredStoreOwner(const DeferredStoreOwner &) = delete;
+  DeferredStoreOwner &operator=(const DeferredStoreOwner &) = delete;
+  ~DeferredStoreOwner() {
+    delete tls_deferred.store;
+    tls_deferred.store = nullptr;
+  }
+};
+thread_local DeferredStoreOwner tls_deferred_owner;
 
 void emit_now(mrc_log_level_t level, const char *message) noexcept {
   Handler handler;
@@ -95,8 +113,10 @@ void defer_end() noexcept {
   const unsigned lost = std::exchange(deferred.lost, 0U);
   mrc_log_level_t levels[kDeferredMax];
   char texts[kDeferredMax][kDeferredLength];
-  std::memcpy(levels, deferred.levels, count * sizeof levels[0]);
-  std::memcpy(texts, deferred.texts, count * sizeof texts[0]);
+  if (count != 0) {
+    std::memcpy(levels, deferred.store->levels, count * sizeof levels[0]);
+    std::memcpy(texts, deferred.store->texts, count * sizeof texts[0]);
+  }
   for (unsigned i = 0; i < count; ++i) emit_now(levels[i], texts[i]);
   if (lost != 0) {
     char text[96];
@@ -123,12 +143,16 @@ void emit(mrc_log_level_t level, const char *message) noexcept {
     emit_now(level, message);
     return;
   }
-  if (deferred.count == kDeferredMax) {
+  if (deferred.store == nullptr) {
+    deferred.store = new (std::nothrow) DeferredTexts;
+    if (deferred.store != nullptr) tls_deferred_owner.armed = true;
+  }
+  if (deferred.count == kDeferredMax || deferred.store == nullptr) {
     ++deferred.lost;
     return;
   }
-  deferred.levels[deferred.count] = level;
-  std::snprintf(deferred.texts[deferred.count], kDeferredLength, "%s", message);
+  deferred.store->levels[deferred.count] = level;
+  std::snprintf(deferred.store->texts[deferred.count], kDeferredLength, "%s", message);
   ++deferred.count;
 }
 

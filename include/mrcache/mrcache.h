@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define MRC_VERSION_MAJOR 0
-#define MRC_VERSION_MINOR 2
+#define MRC_VERSION_MINOR 3
 #define MRC_VERSION_PATCH 0
 
 typedef enum {
