@@ -200,10 +200,10 @@ size_t Client::deliver_locked() noexcept {
     switch (subscription_->drain(apply)) {
       case uffd::DrainResult::Ok: return notified;
       case uffd::DrainResult::Overflow:  // records were lost: every subscription may be hit
-        notify_whole_space(/*unwatch=*/true);
+        notify_whole_space(WholeSpace::Lost);
         break;
       case uffd::DrainResult::Forked:  // the parent's registrations are not the child's
-        notify_whole_space(/*unwatch=*/false);
+        notify_whole_space(WholeSpace::Forked);
         break;
     }
     ++notified;
@@ -214,25 +214,26 @@ void Client::notify(uintptr_t start, uintptr_t end) noexcept {
   counters_.notifications.fetch_add(1, std::memory_order_relaxed);
   const Client *outer = tls_notifying;
   tls_notifying = this;
-  notify_(notify_arg_, reinterpret_cast<void *>(start), end - start);
+  // The whole space is (NULL, SIZE_MAX), the header's rule 2.
+  const size_t length = end == UINTPTR_MAX && start == 0 ? SIZE_MAX : end - start;
+  notify_(notify_arg_, reinterpret_cast<void *>(start), length);
   tls_notifying = outer;
 }
 
-void Client::notify_whole_space(bool unwatch) noexcept {
+void Client::notify_whole_space(WholeSpace why) noexcept {
   counters_.whole_space.fetch_add(1, std::memory_order_relaxed);
-  const bool ends_subscriptions = one_shot_ || !unwatch;
-  if (ends_subscriptions) {
+  if (why == WholeSpace::Forked) {
+    // The parent's subscriptions are gone with its registrations; the child's watch table is
+    // empty, so there is nothing to unwatch either.
     std::lock_guard<std::mutex> hold(subscriptions_mutex_);
     counters_.ended_by_delivery.fetch_add(subscriptions_.size(), std::memory_order_relaxed);
-    subscriptions_.clear([unwatch](const Range &range) {
-      if (unwatch) unwatch_all(range);
-    });
+    subscriptions_.clear([](const Range &) {});
+  } else if (one_shot_) {
+    std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+    counters_.ended_by_delivery.fetch_add(subscriptions_.size(), std::memory_order_relaxed);
+    subscriptions_.clear(unwatch_all);
   }
-  counters_.notifications.fetch_add(1, std::memory_order_relaxed);
-  const Client *outer = tls_notifying;
-  tls_notifying = this;
-  notify_(notify_arg_, nullptr, SIZE_MAX);
-  tls_notifying = outer;
+  notify(0, UINTPTR_MAX);
 }
 
 void *Client::delivery_main(void *self) noexcept {

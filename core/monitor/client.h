@@ -58,7 +58,8 @@ class Client {
   // REQUIRES: delivery_mutex_. Drains every record, notifying those that overlap a subscription.
   size_t deliver_locked() noexcept;
   void notify(uintptr_t start, uintptr_t end) noexcept;
-  void notify_whole_space(bool unwatch) noexcept;
+  enum class WholeSpace { Lost, Forked };
+  void notify_whole_space(WholeSpace why) noexcept;
 
   const mrc_monitor_notify_fn notify_;
   void *const notify_arg_;
