@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs each libFuzzer target of tests/fuzz (api, env, segment: see tests/fuzz/CMakeLists.txt)
+# Runs each libFuzzer target of tests/fuzz (api, env, segment, monitor: see tests/fuzz/CMakeLists.txt)
 # for a bounded time under ASan+UBSan, starting from the seed corpus in the repository, then
 # replays the seeds and tests/fuzz/regressions/ through them (ctest -L fuzz). Prints each
 # target's executions and coverage (libFuzzer's final statistics) and fails (exit 1) when a
@@ -38,7 +38,7 @@ while (($#)); do
   esac
 done
 ((${#chosen[@]})) && targets=("${chosen[@]}")
-((${#targets[@]})) || targets=(api env segment)
+((${#targets[@]})) || targets=(api env segment monitor)
 if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "fuzz.sh: -t: '$seconds' is not a whole number of seconds > 0" >&2
   exit 2
