@@ -10,8 +10,13 @@
 #   stress-*     mrcache-mpi stress: exact, fast, and exact with 2 ranks per node; then
 #                through a cache that never invalidates, which must fail (the oracle's control)
 #   bench-*      mrcache-mpi bench through exact, fast, ucx and none, then its report
+#   netpipe      NetPIPE (NPopenmpi, a program mrcache did not write) over Open MPI's mtl/ofi on
+#                libfabric's verbs;ofi_rxm, once with libfabric's default monitor and once with
+#                mrcache's imported (libmrcache-fi.so, when BUILD_DIR has it); -i checks every
+#                byte; the report gives both runs' latency and bandwidth and their ratios, and
+#                mrcache's counters (MRC_STATS=1)
 #
-# Environment: MRC_PAIR_STRESS_SECONDS [30] (the exact 2-rank stress; the others run half),
+# Environment: MRC_PAIR_NETPIPE_ARGS [-u 1048576 -n 20 -p 0], MRC_PAIR_STRESS_SECONDS [30] (the exact 2-rank stress; the others run half),
 # MRC_PAIR_BENCH_ARGS [--sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m],
 # MRC_PAIR_BENCH_REPS [1], MRC_PAIR_PROBES [0] (deregistered keys each rank tries at the end of
 # each stress run).
@@ -108,6 +113,64 @@ oracle_catches_a_stale_cache() {
 step stress-oracle-control oracle_catches_a_stale_cache
 step bench bench_all
 step bench-report "$mpi" report "$bench_out"
+
+# NetPIPE through libfabric's own MR cache: Open MPI's cm PML and ofi MTL on verbs;ofi_rxm, which
+# registers the rendezvous buffers through that cache. FI_PROVIDER_PATH names the plugin's
+# directory for the mrcache run only; Open MPI's own import, later, is refused and ignored.
+plugin_dir=$build/integrations/libfabric
+read -r -a netpipe_args <<<"${MRC_PAIR_NETPIPE_ARGS:--u 1048576 -n 20 -p 0}"
+mpirun_ofi() {  # mpirun_ofi OUTPUT_PREFIX [ENV=VALUE...]: NetPIPE across the nodes, one rank each
+  local out=$1
+  shift
+  local -a env_args=()
+  local assignment
+  for assignment in "$@"; do env_args+=(-x "$assignment"); done
+  timeout -k 10 600 env "$@" mpirun --mca plm_rsh_agent "$agent" -H "$RXE_IP:1,$RXE_PEER:1" -np 2 \
+    --map-by node --mca pml cm --mca mtl ofi --mca btl ^openib \
+    --mca oob_tcp_if_include eth0 --mca mpi_yield_when_idle 1 --mca mpi_warn_on_fork 0 \
+    -x FI_PROVIDER="verbs;ofi_rxm" "${env_args[@]}" \
+    NPopenmpi "${netpipe_args[@]}" -o "$out.np" >"$out.log" 2>&1
+}
+netpipe_line() {  # the last line of a NetPIPE output: bytes, Mbps, usec
+  awk 'NF >= 3 { last = $0 } END { print last }' "$1"
+}
+netpipe() {
+  local rc=0 first_default first_mrcache last_default last_mrcache
+  if ! command -v NPopenmpi >/dev/null; then
+    echo "NPopenmpi is not installed (Debian: netpipe-openmpi)"
+    return 1
+  fi
+  if [ ! -f "$plugin_dir/libmrcache-fi.so" ]; then
+    echo "$plugin_dir/libmrcache-fi.so is not built (libfabric-dev missing?)"
+    return 1
+  fi
+  mpirun_ofi /tmp/netpipe-default FI_LOG_LEVEL=warn || { echo "NetPIPE, default monitor: failed"; rc=1; }
+  mpirun_ofi /tmp/netpipe-mrcache FI_PROVIDER_PATH="$plugin_dir" MRC_STATS=1 FI_LOG_LEVEL=info ||
+    { echo "NetPIPE, mrcache's monitor: failed"; rc=1; }
+  tail -n 5 /tmp/netpipe-default.log /tmp/netpipe-mrcache.log
+  grep -h "imported mrcache's monitor\|mrcache-fi (" /tmp/netpipe-mrcache.log | sort | uniq -c
+  if ! grep -q "imported mrcache's monitor" /tmp/netpipe-mrcache.log; then
+    echo "the mrcache run did not import mrcache's monitor"
+    rc=1
+  fi
+  if [ -s /tmp/netpipe-default.np ] && [ -s /tmp/netpipe-mrcache.np ]; then
+    first_default=$(awk 'NF >= 3 { print; exit }' /tmp/netpipe-default.np)
+    first_mrcache=$(awk 'NF >= 3 { print; exit }' /tmp/netpipe-mrcache.np)
+    last_default=$(netpipe_line /tmp/netpipe-default.np)
+    last_mrcache=$(netpipe_line /tmp/netpipe-mrcache.np)
+    echo "NetPIPE (bytes, Mbps, usec), default monitor: first $first_default; last $last_default"
+    echo "NetPIPE (bytes, Mbps, usec), mrcache monitor: first $first_mrcache; last $last_mrcache"
+    awk -v d="$first_default" -v m="$first_mrcache" -v D="$last_default" -v M="$last_mrcache" \
+      'BEGIN { split(d, a); split(m, b); split(D, c); split(M, e);
+               printf "NetPIPE ratios mrcache/default: latency at %s B %.2f, bandwidth at %s B %.2f\n",
+                      a[1], b[3] / a[3], c[1], e[2] / c[2] }'
+  else
+    echo "NetPIPE left no output"
+    rc=1
+  fi
+  return $rc
+}
+step netpipe netpipe
 echo "rxe0 counters, $(hostname): $(bash -c "$counters")"
 echo "rxe0 counters, $RXE_PEER: $("$agent" "$RXE_PEER" "$counters")"
 "$agent" "$RXE_PEER" touch /run/rxe-pair-stop >/dev/null 2>&1

@@ -7,6 +7,9 @@
 #
 # usage: programs_test.sh BUILD_DIR WORK_DIR [PROGRAM...]   (the programs this build installs)
 # env:   CMAKE  (the build's own cmake)
+#        MRC_FI_PROBE  a libfabric program (tests/integrations/fi_init_probe.c): when the build
+#                      installs libmrcache-fi.so, libfabric must load it from the installed tree
+#                      and take its monitor
 set -euo pipefail
 
 build=$(realpath "$1")
@@ -51,6 +54,28 @@ check_tree() {
     echo "ok: $prog${needed:+ (needs: $needed)}"
   done
   ((count > 0)) || fail "no program installed in $root/bin"
+  check_plugin "$root" "$libdir" "$soname"
+}
+
+# check_plugin ROOT LIBDIR SONAME: the libfabric plugin, when installed, loads its tree's
+# libmrcache and is taken by libfabric from there.
+check_plugin() {
+  local root=$1 libdir=$2 soname=$3 plugin line loaded
+  plugin=$(find "$root" -name libmrcache-fi.so -type f | head -1)
+  [[ -n $plugin ]] || return 0
+  [[ $(dirname "$plugin") == "$libdir/libfabric" ]] ||
+    fail "libmrcache-fi.so is installed in $(dirname "$plugin"), not $libdir/libfabric"
+  line=$(env -u LD_LIBRARY_PATH ldd "$plugin" | awk -v s="$soname" '$1 == s' | xargs)
+  loaded=$(awk '{print $3}' <<<"$line")
+  [[ $loaded == /* && $(realpath "$loaded") == "$(realpath "$libdir/$soname")" ]] ||
+    fail "$plugin does not load $libdir/$soname (ldd: '$line')"
+  if [[ -n ${MRC_FI_PROBE:-} ]]; then
+    env -u LD_LIBRARY_PATH FI_PROVIDER_PATH="$libdir/libfabric" FI_LOG_LEVEL=info FI_PROVIDER=tcp \
+      "$MRC_FI_PROBE" >"$work/probe" 2>&1 || fail "$MRC_FI_PROBE: $(head -c 2000 "$work/probe")"
+    grep -q "imported mrcache's monitor" "$work/probe" ||
+      fail "libfabric did not take the installed plugin's monitor: $(head -c 2000 "$work/probe")"
+  fi
+  echo "ok: $plugin (taken by libfabric)"
 }
 
 step "cmake --install $build --prefix $work/prefix"
