@@ -5,6 +5,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <mutex>
@@ -27,6 +28,8 @@ namespace {
 // the monitor's next batch, at most kSettleNapNs.
 constexpr int64_t kSettleBudgetNs = 100'000'000;
 constexpr int64_t kSettleNapNs = 50'000;
+// The most unapplied records unapplied() reads.
+constexpr uint64_t kUnappliedScanLimit = 256;
 
 }  // namespace
 
@@ -60,8 +63,10 @@ Subscription::Unapplied Subscription::unapplied(uintptr_t start, uintptr_t end) 
   const uint64_t head = queue_->head();
   uint64_t at = cursor_.load(std::memory_order_acquire);
   if (at == head) return Unapplied::None;
+  // A subscription far behind answers Unknown rather than scan: the answer stays bounded in
+  // time (its caller may hold its own locks), at the price of a false "may concern".
   if (forked_.load(std::memory_order_relaxed) || at == kForkedCursor ||
-      head - at > queue_->capacity()) {
+      head - at > std::min<uint64_t>(queue_->capacity(), kUnappliedScanLimit)) {
     return Unapplied::Unknown;
   }
   Invalidation record;

@@ -81,8 +81,9 @@ class Subscription {
   // For a subscriber that answers validity questions while another thread drains (the public
   // monitor, core/monitor/): whether a record this subscription has not applied yet may concern
   // [start, end). Unknown while a batch is being read (`pending`), when records were lost to it,
-  // and in a forked child until it drained. Any thread, no lock: acquire loads of `pending`, the
-  // head, the cursor and the records (the queue's seqlock), as for quiescent().
+  // when more than a few hundred wait (it reads no more), and in a forked child until it drained.
+  // Any thread, no lock: acquire loads of `pending`, the head, the cursor and the records (the
+  // queue's seqlock), as for quiescent().
   enum class Unapplied : uint8_t { None, Overlapping, Unknown };
   Unapplied unapplied(uintptr_t start, uintptr_t end) const noexcept;
   // Returns when a record this subscription has not applied may be waiting, or after at most

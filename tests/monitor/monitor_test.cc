@@ -131,6 +131,24 @@ TEST_F(MonitorTest, ValidIsFalseWhileAnUnmapIsInFlightAndUntilItIsDelivered) {
   munmap(p, 4 * kPage);  // the test's own mapping at the old address
 }
 
+TEST_F(MonitorTest, ValidReadsABoundedNumberOfUndeliveredRecords) {
+  open(kManual);
+  char *quiet = map(1);
+  char *busy = map(1);
+  ASSERT_NE(quiet, nullptr);
+  ASSERT_NE(busy, nullptr);
+  ASSERT_EQ(mrc_monitor_subscribe(monitor_, quiet, kPage), MRC_OK);
+  ASSERT_EQ(mrc_monitor_subscribe(monitor_, busy, kPage), MRC_OK);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(madvise(busy, kPage, MADV_DONTNEED), 0);
+  EXPECT_EQ(mrc_monitor_valid(monitor_, quiet, kPage), 1) << "100 records are read through";
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(madvise(busy, kPage, MADV_DONTNEED), 0);
+  // Past a few hundred the answer is "may concern" without reading them: it stays quick, and the
+  // caller registers again.
+  EXPECT_EQ(mrc_monitor_valid(monitor_, quiet, kPage), 0);
+  EXPECT_EQ(deliver(monitor_), 400u);
+  EXPECT_EQ(mrc_monitor_valid(monitor_, quiet, kPage), 1);
+}
+
 TEST_F(MonitorTest, AOneShotDeliveryEndsTheSubscriptionsItOverlaps) {
   open(MRC_MONITOR_ONE_SHOT);
   char *p = map(4);
