@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -175,7 +176,21 @@ void add(Row &to, const Row &row) {
   to.registrations += row.registrations;
 }
 
+size_t rank(const std::string &name, const char *const *names, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    if (name == names[i]) return i + 1;
+  }
+  return 0;  // warm-up: first
+}
+
+// Rows in the plan's order: by op, the warm-up row first, then the scenarios.
 Outcome finish(Outcome &out, Clock::time_point t0) {
+  std::stable_sort(out.rows.begin(), out.rows.end(), [](const Row &a, const Row &b) {
+    size_t op_a = rank(a.op, kOpNames, kOpCount), op_b = rank(b.op, kOpNames, kOpCount);
+    if (op_a != op_b) return op_a < op_b;
+    return rank(a.scenario, kScenarioNames, kScenarioCount) <
+           rank(b.scenario, kScenarioNames, kScenarioCount);
+  });
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }
@@ -311,40 +326,36 @@ Outcome drive(const Config &config, double timeout, double stall) {
   out.total = Row{"all", "all"};
   auto t0 = Clock::now();
   std::map<std::string, size_t> index;
-  for (Op op : config.ops) {
-    for (Scenario scenario : config.scenarios) {
-      Config block = config;
-      block.ops = {op};
-      block.scenarios = {scenario};
-      if (scenario == Scenario::kRace) block.messages = config.race_messages;
-      double left = timeout - std::chrono::duration<double>(Clock::now() - t0).count();
-      std::string name = std::string(kOpNames[static_cast<size_t>(op)]) + "/" +
-                         kScenarioNames[static_cast<size_t>(scenario)];
-      if (left <= 0) {
-        out.status = Status::kHang;
-        out.detail +=
-            std::string(out.detail.empty() ? "" : "; ") + name + ": not run, the run's time is up";
-        continue;
-      }
-      Outcome part = drive_block(block, left, stall);
-      std::fprintf(stderr, "mrcache-fi-oracle: %s: %s%s%s (%.1f s)\n", name.c_str(),
-                   status_name(part.status), part.detail.empty() ? "" : ": ", part.detail.c_str(),
-                   part.seconds);
-      for (const Row &row : part.rows) {
-        auto [it, added] = index.emplace(row.op + "/" + row.scenario, out.rows.size());
-        if (added) out.rows.push_back(Row{row.op, row.scenario});
-        add(out.rows[it->second], row);
-        add(out.total, row);
-      }
-      if (out.info.empty()) out.info = part.info;
-      if (part.status == Status::kOk) continue;
-      if (part.status == Status::kHang || out.status == Status::kOk) out.status = part.status;
-      out.detail += std::string(out.detail.empty() ? "" : "; ") + name + ": " + part.detail;
-      // A block that failed before its first message failed to set up: the others would too.
-      uint64_t done = 0;
-      for (const Row &row : part.rows) done += row.messages + row.not_reused;
-      if (part.status == Status::kError && done == 0) return finish(out, t0);
+  for (Scenario scenario : config.scenarios) {
+    Config block = config;
+    block.scenarios = {scenario};
+    if (scenario == Scenario::kRace) block.messages = config.race_messages;
+    double left = timeout - std::chrono::duration<double>(Clock::now() - t0).count();
+    std::string name = kScenarioNames[static_cast<size_t>(scenario)];
+    if (left <= 0) {
+      out.status = Status::kHang;
+      out.detail +=
+          std::string(out.detail.empty() ? "" : "; ") + name + ": not run, the run's time is up";
+      continue;
     }
+    Outcome part = drive_block(block, left, stall);
+    std::fprintf(stderr, "mrcache-fi-oracle: %s: %s%s%s (%.1f s)\n", name.c_str(),
+                 status_name(part.status), part.detail.empty() ? "" : ": ", part.detail.c_str(),
+                 part.seconds);
+    for (const Row &row : part.rows) {
+      auto [it, added] = index.emplace(row.op + "/" + row.scenario, out.rows.size());
+      if (added) out.rows.push_back(Row{row.op, row.scenario});
+      add(out.rows[it->second], row);
+      add(out.total, row);
+    }
+    if (out.info.empty()) out.info = part.info;
+    if (part.status == Status::kOk) continue;
+    if (part.status == Status::kHang || out.status == Status::kOk) out.status = part.status;
+    out.detail += std::string(out.detail.empty() ? "" : "; ") + name + ": " + part.detail;
+    // A block that failed before its first message failed to set up: the others would too.
+    uint64_t done = 0;
+    for (const Row &row : part.rows) done += row.messages + row.not_reused;
+    if (part.status == Status::kError && done == 0) return finish(out, t0);
   }
   return finish(out, t0);
 }

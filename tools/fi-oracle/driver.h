@@ -1,9 +1,9 @@
-// The driver: runs each (op, scenario) block with a fresh receiver and sender (fork, before
-// anything touches libfabric; a fresh cache, and a hang ends one block, not the run), collects
-// their per-message lines, ends a block when it is complete, when a process reported an error,
-// or when nothing happened for too long (a hang: both processes are killed, with the kernel
-// function each thread was blocked in), and adds the verdicts up. A block that fails before its
-// first message ends the run (a set-up error the other blocks would repeat).
+// The driver: runs each scenario (all its ops) as a block with a fresh receiver and sender
+// (fork, before anything touches libfabric: a fresh cache, and a hang ends one block, not the
+// run), collects their per-message lines, ends a block when it is complete, when a process
+// reported an error, or when nothing happened for too long (a hang: both processes are killed,
+// with the kernel function each thread was blocked in), and adds the verdicts up. A block that
+// fails before its first message ends the run (a set-up error the other blocks would repeat).
 #pragma once
 
 #include <cstdint>

@@ -223,6 +223,24 @@ int run(int argc, char **argv) {
   print_table(out);
   std::printf("status: %s%s%s (%.1f s)\n", status_name(out.status), out.detail.empty() ? "" : ": ",
               out.detail.c_str(), out.seconds);
+  // Messages of the control scenario the cache served (no registration): zero means the cache
+  // was not in use, and no stale delivery anywhere would prove anything.
+  uint64_t cache_hits = 0;
+  for (const Row &row : out.rows) {
+    if (row.scenario == "none" && row.registrations < row.messages) {
+      cache_hits += row.messages - row.registrations;
+    }
+  }
+  // One line for scripts (scripts/fi-oracle-matrix.sh).
+  std::printf(
+      "fi-oracle-summary: status=%s messages=%llu stale=%llu corrupt=%llu errors=%llu "
+      "not_reused=%llu cache_hits=%llu\n",
+      status_name(out.status), static_cast<unsigned long long>(out.total.messages),
+      static_cast<unsigned long long>(out.total.stale),
+      static_cast<unsigned long long>(out.total.corrupt),
+      static_cast<unsigned long long>(out.total.errors),
+      static_cast<unsigned long long>(out.total.not_reused),
+      static_cast<unsigned long long>(cache_hits));
 
   uint32_t api = fi_version();
   nlohmann::json result = {
@@ -239,6 +257,7 @@ int run(int argc, char **argv) {
       {"detail", out.detail},
       {"seconds", out.seconds},
       {"total", row_json(out.total)},
+      {"cache_hits", cache_hits},
       {"rows", nlohmann::json::array()},
   };
   for (const Row &row : out.rows) result["rows"].push_back(row_json(row));
