@@ -22,7 +22,7 @@
 #   libfabric-dev). Errors and hangs of libfabric's own monitors are reported, not failures:
 #   libfabric's userfaultfd monitor can leave the sender in a page fault for good.
 #
-# Environment: MRC_FI_ORACLE_MESSAGES [6] messages per (op, scenario), MRC_FI_ORACLE_RACE [40]
+# Environment: MRC_FI_ORACLE_MESSAGES [5] messages per (op, scenario), MRC_FI_ORACLE_RACE [24]
 # messages of the race scenario, MRC_FI_ORACLE_TIMEOUT [240] seconds per monitor,
 # MRC_FI_ORACLE_OUT [BUILD_DIR/fi-oracle] where the JSON and logs go.
 set -uo pipefail
@@ -34,8 +34,8 @@ fi
 build=$(cd "$1" && pwd)
 plugin=${2:-}
 oracle=$build/tools/fi-oracle/mrcache-fi-oracle
-messages=${MRC_FI_ORACLE_MESSAGES:-6}
-race=${MRC_FI_ORACLE_RACE:-40}
+messages=${MRC_FI_ORACLE_MESSAGES:-5}
+race=${MRC_FI_ORACLE_RACE:-24}
 run_timeout=${MRC_FI_ORACLE_TIMEOUT:-240}
 out_dir=${MRC_FI_ORACLE_OUT:-$build/fi-oracle}
 
@@ -99,8 +99,8 @@ for m in "${monitors[@]}"; do
   if [ "$m" = mrcache ] && ! plugin_imports; then
     import_ok=0
   fi
-  args=(--messages "$messages" --race-messages "$race" --timeout "$((run_timeout - 30))"
-    --json "$out_dir/$m.json")
+  args=(--messages "$messages" --race-messages "$race" --op-timeout 20
+    --timeout "$((run_timeout - 30))" --json "$out_dir/$m.json")
   [ "$m" = mrcache ] && args+=(--expect-exact)
   log=$out_dir/$m.log
   t0=$SECONDS
@@ -128,7 +128,7 @@ for m in "${monitors[@]}"; do
   fi
   # The per-(op, scenario) lines of the oracle's table: "send raw 8 8 0 0 0 0".
   for s in "${scenarios[@]}"; do
-    read -r st ms < <(awk -v s="$s" '($1 == "send" || $1 == "write") && $2 == s {
+    read -r st ms < <(awk -v s="$s" '($1 == "send" || $1 == "write" || $1 == "read") && $2 == s {
       st += $4; ms += $3 } END { print st + 0, ms + 0 }' "$log")
     by_scenario["$m $s"]="$st/$ms"
   done
@@ -147,7 +147,7 @@ done
 [ -n "$plugin" ] ||
   echo "mrcache      (absent: no plugin directory given, so no libmrcache-fi.so row)"
 echo
-echo "stale/messages by scenario (send + write):"
+echo "stale/messages by scenario (send + write + read):"
 printf '%-12s' monitor
 printf ' %9s' "${scenarios[@]}"
 echo
@@ -172,7 +172,8 @@ if [ -n "$plugin" ]; then
   [ $import_ok = 1 ] ||
     verdict "mrcache: the plugin did not import its monitor; the row measured libfabric's default"
   [ "${hits[$m]:-0}" != 0 ] ||
-    verdict "mrcache: the cache served no control message: it was not in use, the row proves nothing"
+    verdict "mrcache: the cache served no control message: it was not in use, the row" \
+      "proves nothing"
 fi
 if [ "${stale[memhooks]}" = 0 ] && [ "${stale[userfaultfd]}" = 0 ]; then
   verdict "neither memhooks nor userfaultfd showed a stale delivery: this lane cannot tell an" \

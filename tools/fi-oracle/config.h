@@ -25,11 +25,12 @@ inline constexpr const char *kScenarioNames[kScenarioCount] = {
     "none", "free", "munmap", "raw", "fixed", "dontneed", "mremap", "race"};
 
 // How the bytes travel: a tagged send above the rendezvous threshold (the receiver RDMA-reads
-// the sender's buffer through the sender's registration), or an RMA write from the sender's
-// buffer into a buffer the receiver registered.
-enum class Op : uint8_t { kSend, kWrite };
-inline constexpr size_t kOpCount = 2;
-inline constexpr const char *kOpNames[kOpCount] = {"send", "write"};
+// the sender's buffer through the sender's registration), an RMA write from the sender's buffer
+// into a buffer the receiver registered, or an RMA read from that buffer into the sender's (the
+// receiver stamps it, the sender checks what arrived).
+enum class Op : uint8_t { kSend, kWrite, kRead };
+inline constexpr size_t kOpCount = 3;
+inline constexpr const char *kOpNames[kOpCount] = {"send", "write", "read"};
 
 struct Config {
   std::vector<Op> ops;

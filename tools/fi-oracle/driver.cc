@@ -93,16 +93,18 @@ void handle_line(Child &child, const std::string &line, std::map<uint64_t, Recor
   if (kind == "S") {
     uint64_t msg = 0, registrations = 0;
     int reused = 0;
-    in >> msg >> reused >> registrations;
+    std::string verdict;
+    in >> msg >> reused >> registrations >> verdict;
     records[msg].sent = true;
     records[msg].reused = reused != 0;
     records[msg].registrations = registrations;
+    if (!verdict.empty()) records[msg].verdict = verdict;  // a read's, checked by the sender
   } else if (kind == "R") {
     uint64_t msg = 0;
     std::string verdict;
     in >> msg >> verdict;
     records[msg].checked = true;
-    records[msg].verdict = verdict;
+    if (verdict != "-") records[msg].verdict = verdict;
   } else if (kind == "I") {
     out.info.push_back(line.substr(2));
   } else if (kind == "E") {

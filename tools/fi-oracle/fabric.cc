@@ -6,6 +6,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -26,6 +27,12 @@ void check(const char *call, ssize_t ret) {
 }
 
 char *dup(const std::string &s) { return strdup(s.c_str()); }
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
 
 }  // namespace
 
@@ -125,7 +132,8 @@ std::string Endpoint::describe() const {
 }
 
 uint64_t Endpoint::register_target(void *buf, size_t len) {
-  check("fi_mr_reg", fi_mr_reg(domain_, buf, len, FI_REMOTE_WRITE, 0, 0, 0, &target_mr_, nullptr));
+  check("fi_mr_reg", fi_mr_reg(domain_, buf, len, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0,
+                               &target_mr_, nullptr));
   return fi_mr_key(target_mr_);
 }
 
@@ -168,6 +176,19 @@ void Endpoint::write(const void *buf, size_t len, fi_addr_t peer, uint64_t addr,
   wait(&context, "write");
 }
 
+void Endpoint::read(void *buf, size_t len, fi_addr_t peer, uint64_t addr, uint64_t key) {
+  fi_context2 context{};
+  auto deadline = std::chrono::steady_clock::now() + op_timeout_;
+  for (;;) {
+    ssize_t ret = fi_read(ep_, buf, len, nullptr, peer, addr, key, &context);
+    if (ret == 0) break;
+    if (ret != -FI_EAGAIN) fail("fi_read", ret);
+    if (std::chrono::steady_clock::now() > deadline) throw RunError{"fi_read: EAGAIN", true};
+    fi_cq_read(cq_, nullptr, 0);
+  }
+  wait(&context, "read");
+}
+
 // Operations run one at a time, so the next completion is the one awaited; any other is an
 // error of the provider (or of this program).
 void Endpoint::wait(void *context, const char *what) {
@@ -194,7 +215,7 @@ void Endpoint::wait(void *context, const char *what) {
       fail(std::string("fi_cq_read (") + what + ")", ret);
     if (std::chrono::steady_clock::now() > deadline) {
       throw RunError{std::string("no completion of the ") + what + " within " +
-                         std::to_string(op_timeout_.count()) + " s",
+                         seconds(op_timeout_.count()) + " s",
                      true};
     }
     if (!blocking_cq_) std::this_thread::yield();

@@ -27,7 +27,7 @@ class Endpoint {
   // "provider domain addr-format mr_mode" of the info the endpoint was opened with.
   std::string describe() const;
 
-  // A registration of `buf` for remote writes; returns its key (the address is `buf`:
+  // A registration of `buf` for remote reads and writes; returns its key (the address is `buf`:
   // FI_MR_VIRT_ADDR).
   uint64_t register_target(void *buf, size_t len);
 
@@ -35,6 +35,7 @@ class Endpoint {
   void send(const void *buf, size_t len, fi_addr_t peer, uint64_t tag);
   void recv(void *buf, size_t len, fi_addr_t peer, uint64_t tag);
   void write(const void *buf, size_t len, fi_addr_t peer, uint64_t addr, uint64_t key);
+  void read(void *buf, size_t len, fi_addr_t peer, uint64_t addr, uint64_t key);
 
  private:
   void wait(void *context, const char *what);

@@ -7,9 +7,10 @@
 // message the sender changes the memory under its buffer (config.h, Scenario), stamps every
 // 8-byte word of the new memory with the message's number (stamp.h) and sends it (rendezvous:
 // the receiver RDMA-reads it through the registration ofi_rxm took from the cache) or writes it
-// (fi_write from the buffer through such a registration). The receiver checks every word: the
-// current stamp is ok, an older message's stamp is STALE (the cache served a registration of
-// pages that are no longer there), anything else is corrupt.
+// (fi_write from the buffer through such a registration); or it fills the new memory with the
+// previous message's stamp and fi_reads the receiver's stamped buffer into it. Every word is
+// checked: the current stamp is ok, an older message's stamp is STALE (the cache served a
+// registration of pages that are no longer there), anything else is corrupt.
 #include <rdma/fabric.h>
 
 #include <CLI/CLI.hpp>
@@ -61,9 +62,11 @@ constexpr const char *kDescription =
     "message the sender changes the memory under its buffer (a scenario), stamps every word of\n"
     "the new memory with the message's number, and sends it above the rendezvous threshold (the\n"
     "receiver RDMA-reads it through the registration ofi_rxm got from libfabric's MR cache) or\n"
-    "writes it with fi_write into a buffer the receiver registered. The receiver checks every\n"
-    "word: an older message's stamp is STALE: the cache handed out a registration of memory\n"
-    "that is gone, because the monitor missed (or was late with) the change.\n"
+    "writes it with fi_write into a buffer the receiver registered; or it fills the new memory\n"
+    "with the previous message's stamp and reads the receiver's stamped buffer into it with\n"
+    "fi_read. Every word is checked: an older message's stamp is STALE: the cache handed out a\n"
+    "registration of memory that is gone, because the monitor missed (or was late with) the\n"
+    "change.\n"
     "\n"
     "Scenarios: none (control: memory unchanged, must never be stale), free (free + malloc\n"
     "above the mmap threshold), munmap (libc munmap + mmap at the same address), raw\n"
@@ -137,7 +140,7 @@ void print_table(const Outcome &out) {
 
 int run(int argc, char **argv) {
   CLI::App app{kDescription, "mrcache-fi-oracle"};
-  std::string ops_text = "send,write", scenarios_text = "all";
+  std::string ops_text = "all", scenarios_text = "all";
   std::string json_path;
   uint64_t messages = 6, race_messages = 0, size = 64 * 1024, seed = 0;
   double timeout = 600, op_timeout = 30, stall = 0;
@@ -146,7 +149,8 @@ int run(int argc, char **argv) {
   // Sender on the second rxe device, receiver on the first (the guests name them in RXE_DEV*).
   config.recv_domain = env_or("RXE_DEV0", "");
   config.send_domain = env_or("RXE_DEV1", config.recv_domain.c_str());
-  app.add_option("--ops", ops_text, "Comma-separated: send, write, or all")->capture_default_str();
+  app.add_option("--ops", ops_text, "Comma-separated: send, write, read, or all")
+      ->capture_default_str();
   app.add_option("--scenarios", scenarios_text,
                  "Comma-separated: none, free, munmap, raw, fixed, dontneed, mremap, race, or all")
       ->capture_default_str();

@@ -21,7 +21,7 @@ namespace fi_oracle {
 namespace {
 
 // Tags of the small messages next to the data (the data message's tag is its number).
-constexpr uint64_t kNoteTag = uint64_t{1} << 62;  // sender: "message n was written"
+constexpr uint64_t kNoteTag = uint64_t{1} << 62;  // sender: "message n was written / read"
 constexpr uint64_t kAckTag = uint64_t{1} << 61;   // receiver: "message n was checked"
 constexpr int kMaxStaleLogs = 3;
 
@@ -105,9 +105,25 @@ std::string label(const Step &step) {
 
 bool needs_rma(const Config &config) {
   for (Op op : config.ops) {
-    if (op == Op::kWrite) return true;
+    if (op != Op::kSend) return true;
   }
   return false;
+}
+
+const char *verdict_of(const Check &c) {
+  return c.corrupt_words > 0 ? "corrupt" : c.stale_words > 0 ? "stale" : "ok";
+}
+
+void log_bad(const Config &config, const char *who, const Step &step, const Check &c, int &logs) {
+  if (c.corrupt_words + c.stale_words == 0 || (!config.verbose && logs >= kMaxStaleLogs)) return;
+  ++logs;
+  std::fprintf(stderr,
+               "[%s] %s message %llu: %s: %zu stale words (messages %llu..%llu), %zu corrupt "
+               "words of %zu, first at byte %zu\n",
+               who, label(step).c_str(), static_cast<unsigned long long>(step.msg), verdict_of(c),
+               c.stale_words, static_cast<unsigned long long>(c.oldest_stale_msg),
+               static_cast<unsigned long long>(c.newest_stale_msg), c.corrupt_words,
+               config.size / 8, c.first_bad_offset);
 }
 
 struct Target {
@@ -127,23 +143,36 @@ void run_sender(const Config &config, Oob &oob, int out) {
   oob.put(&ready, 1);
 
   SendBuffer buf(config.size);
+  int logs = 0;
   for (const Step &step : plan(config)) {
     if (step.warmup) buf.reset(step.scenario);
     uint64_t registered = registrations();
     bool same = step.warmup || buf.change(step.scenario);
-    stamp(buf.data(), config.size, step.msg, kind_of(step), config.nonce);
+    std::string verdict;
     if (step.op == Op::kSend) {
+      stamp(buf.data(), config.size, step.msg, kind_of(step), config.nonce);
       ep.send(buf.data(), config.size, peer, step.msg);
-    } else {
+    } else if (step.op == Op::kWrite) {
+      stamp(buf.data(), config.size, step.msg, kind_of(step), config.nonce);
       ep.write(buf.data(), config.size, peer, target.addr, target.key);
       uint64_t note = step.msg;
       ep.send(&note, sizeof note, peer, step.msg | kNoteTag);
+    } else {
+      // The new memory holds the previous message's bytes; a read through a registration of
+      // the old pages leaves them there (stale).
+      stamp(buf.data(), config.size, step.msg - 1, kind_of(step), config.nonce);
+      ep.read(buf.data(), config.size, peer, target.addr, target.key);
+      uint64_t note = step.msg;  // the receiver may change its buffer now
+      ep.send(&note, sizeof note, peer, step.msg | kNoteTag);
+      Check c = check(buf.data(), config.size, step.msg, kind_of(step), config.nonce);
+      log_bad(config, "send", step, c, logs);
+      verdict = std::string(" ") + verdict_of(c);
     }
     buf.finish();
     uint64_t ack = 0;
     ep.recv(&ack, sizeof ack, peer, step.msg | kAckTag);
     report(out, "S " + std::to_string(step.msg) + (same ? " 1 " : " 0 ") +
-                    std::to_string(registrations() - registered));
+                    std::to_string(registrations() - registered) + verdict);
   }
 }
 
@@ -156,7 +185,6 @@ void run_receiver(const Config &config, Oob &oob, int out) {
   if (mem == MAP_FAILED) throw RunError{"mmap of the receive buffers failed"};
   char *rbuf = static_cast<char *>(mem);
   char *target_buf = rbuf + config.size;
-  poison(target_buf, config.size);
   Target target;
   if (needs_rma(config)) {
     target.addr = reinterpret_cast<uintptr_t>(target_buf);
@@ -164,13 +192,24 @@ void run_receiver(const Config &config, Oob &oob, int out) {
   }
   oob.put_blob(ep.name());
   fi_addr_t peer = ep.insert_peer(oob.get_blob());
+  // Before the sender may touch it: poisoned for a write, the message's stamp for a read.
+  auto prepare = [&](const Step &next) {
+    if (next.op == Op::kRead) {
+      stamp(target_buf, config.size, next.msg, kind_of(next), config.nonce);
+    } else {
+      poison(target_buf, config.size);
+    }
+  };
+  std::vector<Step> steps = plan(config);
+  if (!steps.empty()) prepare(steps[0]);
   oob.put(&target, sizeof target);
   char ready = 0;
   oob.get(&ready, 1);
 
-  int stale_logs = 0;
-  for (const Step &step : plan(config)) {
-    const char *data;
+  int logs = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step &step = steps[i];
+    const char *data = nullptr;
     if (step.op == Op::kSend) {
       poison(rbuf, config.size);
       ep.recv(rbuf, config.size, peer, step.msg);
@@ -178,24 +217,19 @@ void run_receiver(const Config &config, Oob &oob, int out) {
     } else {
       uint64_t note = 0;
       ep.recv(&note, sizeof note, peer, step.msg | kNoteTag);
-      data = target_buf;
+      if (step.op == Op::kWrite) data = target_buf;
     }
-    Check c = check(data, config.size, step.msg, kind_of(step), config.nonce);
-    const char *verdict = c.corrupt_words > 0 ? "corrupt" : c.stale_words > 0 ? "stale" : "ok";
-    if (c.corrupt_words + c.stale_words > 0 && (config.verbose || stale_logs < kMaxStaleLogs)) {
-      ++stale_logs;
-      std::fprintf(stderr,
-                   "[recv] %s message %llu: %s: %zu stale words (messages %llu..%llu), %zu "
-                   "corrupt words of %zu, first at byte %zu\n",
-                   label(step).c_str(), static_cast<unsigned long long>(step.msg), verdict,
-                   c.stale_words, static_cast<unsigned long long>(c.oldest_stale_msg),
-                   static_cast<unsigned long long>(c.newest_stale_msg), c.corrupt_words,
-                   config.size / 8, c.first_bad_offset);
+    if (data != nullptr) {
+      Check c = check(data, config.size, step.msg, kind_of(step), config.nonce);
+      log_bad(config, "recv", step, c, logs);
+      report(out, "R " + std::to_string(step.msg) + " " + verdict_of(c) + " " +
+                      std::to_string(c.stale_words) + " " + std::to_string(c.corrupt_words) + " " +
+                      std::to_string(c.newest_stale_msg) + " " +
+                      std::to_string(c.first_bad_offset));
+    } else {
+      report(out, "R " + std::to_string(step.msg) + " -");  // the sender checks a read
     }
-    if (step.op == Op::kWrite) poison(target_buf, config.size);
-    report(out, "R " + std::to_string(step.msg) + " " + verdict + " " +
-                    std::to_string(c.stale_words) + " " + std::to_string(c.corrupt_words) + " " +
-                    std::to_string(c.newest_stale_msg) + " " + std::to_string(c.first_bad_offset));
+    if (i + 1 < steps.size()) prepare(steps[i + 1]);
     uint64_t ack = step.msg;
     ep.send(&ack, sizeof ack, peer, step.msg | kAckTag);
   }
