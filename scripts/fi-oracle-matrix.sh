@@ -22,8 +22,8 @@
 #   libfabric-dev). Errors and hangs of libfabric's own monitors are reported, not failures:
 #   libfabric's userfaultfd monitor can leave the sender in a page fault for good.
 #
-# Environment: MRC_FI_ORACLE_MESSAGES [5] messages per (op, scenario), MRC_FI_ORACLE_RACE [24]
-# messages of the race scenario, MRC_FI_ORACLE_TIMEOUT [240] seconds per monitor,
+# Environment: MRC_FI_ORACLE_MESSAGES [8] messages per (op, scenario), MRC_FI_ORACLE_RACE [40]
+# messages of the race scenario, MRC_FI_ORACLE_TIMEOUT [180] seconds per monitor,
 # MRC_FI_ORACLE_OUT [BUILD_DIR/fi-oracle] where the JSON and logs go.
 set -uo pipefail
 
@@ -34,9 +34,9 @@ fi
 build=$(cd "$1" && pwd)
 plugin=${2:-}
 oracle=$build/tools/fi-oracle/mrcache-fi-oracle
-messages=${MRC_FI_ORACLE_MESSAGES:-5}
-race=${MRC_FI_ORACLE_RACE:-24}
-run_timeout=${MRC_FI_ORACLE_TIMEOUT:-240}
+messages=${MRC_FI_ORACLE_MESSAGES:-8}
+race=${MRC_FI_ORACLE_RACE:-40}
+run_timeout=${MRC_FI_ORACLE_TIMEOUT:-180}
 out_dir=${MRC_FI_ORACLE_OUT:-$build/fi-oracle}
 
 if [ ! -x "$oracle" ]; then

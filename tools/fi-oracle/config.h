@@ -39,6 +39,7 @@ struct Config {
   uint64_t race_messages = 0;  // for Scenario::kRace, which loses its race most of the time
   size_t size = 0;             // bytes per message, a multiple of 8
   std::string send_domain, recv_domain;
+  bool isolate = false;   // each scenario in its own pair of processes
   double op_timeout = 0;  // seconds, for every completion a process waits for
   uint32_t nonce = 0;     // per run, mixed into every stamp
   bool verbose = false;
@@ -53,7 +54,8 @@ struct Step {
   bool warmup;
 };
 
-// The run's messages in order: for each op, for each scenario, a warm-up then `messages`.
+// The run's messages in order: for each scenario, for each op, a warm-up then `messages`
+// (`race_messages` for kRace).
 std::vector<Step> plan(const Config &config);
 
 // Thrown for a failure that ends a process's run; `timeout` marks a wait that ran out.

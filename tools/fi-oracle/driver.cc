@@ -152,7 +152,11 @@ void tally(const Config &config, const std::map<uint64_t, Record> &records, Outc
     auto rec = records.find(step.msg);
     if (rec == records.end() || !rec->second.sent || !rec->second.checked) {
       // The message the run stopped in counts as the error; the ones after it never started.
-      if (!stopped && out.status != Status::kOk) ++row.errors;
+      if (!stopped && out.status != Status::kOk) {
+        ++row.errors;
+        out.stopped = true;
+        out.stopped_at = step.scenario;
+      }
       stopped = true;
       continue;
     }
@@ -328,17 +332,21 @@ Outcome drive(const Config &config, double timeout, double stall) {
   out.total = Row{"all", "all"};
   auto t0 = Clock::now();
   std::map<std::string, size_t> index;
-  for (Scenario scenario : config.scenarios) {
+  std::vector<Scenario> remaining = config.scenarios;
+  while (!remaining.empty()) {
     Config block = config;
-    block.scenarios = {scenario};
-    if (scenario == Scenario::kRace) block.messages = config.race_messages;
+    block.scenarios = remaining;
+    if (config.isolate) block.scenarios.resize(1);
+    std::string name;
+    for (Scenario s : block.scenarios) {
+      name += std::string(name.empty() ? "" : ",") + kScenarioNames[static_cast<size_t>(s)];
+    }
     double left = timeout - std::chrono::duration<double>(Clock::now() - t0).count();
-    std::string name = kScenarioNames[static_cast<size_t>(scenario)];
     if (left <= 0) {
       out.status = Status::kHang;
       out.detail +=
           std::string(out.detail.empty() ? "" : "; ") + name + ": not run, the run's time is up";
-      continue;
+      break;
     }
     Outcome part = drive_block(block, left, stall);
     std::fprintf(stderr, "mrcache-fi-oracle: %s: %s%s%s (%.1f s)\n", name.c_str(),
@@ -351,13 +359,22 @@ Outcome drive(const Config &config, double timeout, double stall) {
       add(out.total, row);
     }
     if (out.info.empty()) out.info = part.info;
+    // Done with the block's scenarios, or up to the one it failed in; the rest run in a fresh
+    // pair of processes.
+    size_t done_count = block.scenarios.size();
+    if (part.status != Status::kOk && part.stopped) {
+      done_count = 1;
+      while (block.scenarios[done_count - 1] != part.stopped_at) ++done_count;
+    }
+    remaining.erase(remaining.begin(), remaining.begin() + static_cast<ptrdiff_t>(done_count));
     if (part.status == Status::kOk) continue;
     if (part.status == Status::kHang || out.status == Status::kOk) out.status = part.status;
-    out.detail += std::string(out.detail.empty() ? "" : "; ") + name + ": " + part.detail;
+    std::string failed = part.stopped ? kScenarioNames[static_cast<size_t>(part.stopped_at)] : name;
+    out.detail += std::string(out.detail.empty() ? "" : "; ") + failed + ": " + part.detail;
     // A block that failed before its first message failed to set up: the others would too.
-    uint64_t done = 0;
-    for (const Row &row : part.rows) done += row.messages + row.not_reused;
-    if (part.status == Status::kError && done == 0) return finish(out, t0);
+    uint64_t completed = 0;
+    for (const Row &row : part.rows) completed += row.messages + row.not_reused;
+    if (part.status == Status::kError && completed == 0) break;
   }
   return finish(out, t0);
 }

@@ -1,9 +1,10 @@
-// The driver: runs each scenario (all its ops) as a block with a fresh receiver and sender
-// (fork, before anything touches libfabric: a fresh cache, and a hang ends one block, not the
-// run), collects their per-message lines, ends a block when it is complete, when a process
+// The driver: runs the plan in a receiver and a sender process (fork, before anything touches
+// libfabric), collects their per-message lines, ends them when they are done, when a process
 // reported an error, or when nothing happened for too long (a hang: both processes are killed,
-// with the kernel function each thread was blocked in), and adds the verdicts up. A block that
-// fails before its first message ends the run (a set-up error the other blocks would repeat).
+// with the kernel function each thread was blocked in), and adds the verdicts up. A failure ends
+// the scenario it happened in, not the run: the scenarios after it run in a fresh pair (with
+// Config::isolate every scenario does, with a fresh cache). A pair that fails before its first
+// message ends the run (a set-up error the next pair would repeat).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,9 @@ struct Outcome {
   Row total;
   std::vector<std::string> info;  // the endpoints the processes opened
   double seconds = 0;
+  // The scenario of the first message a failed block did not complete (a block's own).
+  bool stopped = false;
+  Scenario stopped_at = Scenario::kNone;
 };
 
 // timeout: bound on the whole run; stall: bound on a stretch without any message completing.

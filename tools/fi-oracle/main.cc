@@ -73,7 +73,8 @@ constexpr const char *kDescription =
     "(syscall(SYS_munmap) + syscall(SYS_mmap)), fixed (mmap MAP_FIXED over the buffer),\n"
     "dontneed (madvise MADV_DONTNEED), mremap (mremap away, fresh mmap at the old address), race\n"
     "(one thread munmaps while the sending thread maps the address and sends at once). A change\n"
-    "that left the buffer at another address counts as not-reused, not as a message.\n"
+    "that left the buffer at another address counts as not-reused, not as a message. Each\n"
+    "scenario starts on a fresh buffer with a warm-up message per op (its own row).\n"
     "\n"
     "The monitor is what the environment selects: FI_MR_CACHE_MONITOR=memhooks|userfaultfd|\n"
     "disabled, FI_MR_CACHE_MAX_COUNT=0 (no cache), or a provider plugin in FI_PROVIDER_PATH that\n"
@@ -84,7 +85,8 @@ constexpr const char *kDescription =
     "Exit status: 0 = the run completed (stale deliveries are its result, not an error); 1 =\n"
     "--expect-exact and a delivery was stale or corrupt; 2 = usage; 3 = set-up or communication\n"
     "error; 4 = hang (a wait ran out or the run stalled: the processes were killed, and the\n"
-    "kernel function each thread was blocked in is reported).";
+    "kernel function each thread was blocked in is reported). An error or a hang ends the\n"
+    "scenario it happened in; the later scenarios still run, in a fresh pair of processes.";
 
 template <typename Enum, size_t N>
 std::vector<Enum> parse_list(const std::string &text, const char *const (&names)[N],
@@ -180,6 +182,8 @@ int run(int argc, char **argv) {
       ->check(mrc_tools::unsigned_range(0, UINT32_MAX));
   app.add_option("--json", json_path, "Write the result as one JSON line to FILE (- = stdout)");
   app.add_flag("--expect-exact", expect_exact, "Exit 1 on any stale or corrupt delivery");
+  app.add_flag("--isolate", config.isolate,
+               "Run each scenario in its own pair of processes (a fresh cache each; slower)");
   app.add_flag("--verbose", verbose, "Report every stale or corrupt delivery on stderr");
   try {
     app.parse(argc, argv);
