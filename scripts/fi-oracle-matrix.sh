@@ -10,14 +10,15 @@
 #   mrcache      FI_PROVIDER_PATH=PLUGIN_DIR       (only when PLUGIN_DIR is given: mrcache's
 #                                                  provider plugin imports its monitor)
 # and prints one table: monitor x (status, messages, stale, corrupt, errors/hang, cache hits),
-# then the stale deliveries by scenario. Each run's JSON and log land in OUT_DIR.
+# then the stale deliveries by scenario. Each run's JSON and log land in MRC_FI_ORACLE_OUT.
 #
 # Exit status: 0 when the lane proved something and mrcache (when present) was exact; 1 when
 #   - the mrcache row has a stale or corrupt delivery, an error or a hang, its plugin did not
 #     import its monitor, or its cache served no message (then no result would mean anything);
 #   - neither memhooks nor userfaultfd showed a stale delivery (a lane in which no monitor
 #     ever fails proves nothing about the one that does not);
-#   - the cache-off row shows a stale or corrupt delivery (a bug of the oracle);
+#   - the cache-off row shows a stale or corrupt delivery (a bug of the oracle), or did not
+#     complete;
 #   2 on a usage error; 77 when BUILD_DIR has no mrcache-fi-oracle (configured without
 #   libfabric-dev). Errors and hangs of libfabric's own monitors are reported, not failures:
 #   libfabric's userfaultfd monitor can leave the sender in a page fault for good.
