@@ -10,11 +10,13 @@
 # 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
 #    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
 #    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only what
-#    the guests run is built: the test programs labelled verbs and mrcache-stress; with --pair,
-#    mrcache-mpi (and UCX's rcache module where libucx-dev is installed).
+#    the guests run is built: the test programs labelled verbs, mrcache-stress, and where
+#    libfabric-dev is installed mrcache-fi-oracle and the libfabric plugin libmrcache-fi.so; with
+#    --pair, mrcache-mpi (and UCX's rcache module where libucx-dev is installed).
 # 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
 # 4. One guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
-#    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs).
+#    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs, the
+#    fi-oracle matrix: libfabric's own MR cache under each monitor, mrcache's plugin included).
 #    --pair: `scripts/rxe-vm.sh pair`, nodea running scripts/rxe-pair-tests.sh BUILD (stress
 #    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report);
 #    again, up to MRC_PAIR_ATTEMPTS [3] times in all, when a guest's kernel crashed.
@@ -66,7 +68,8 @@ configure_build_dir() {
 
 # What the guest runs, and nothing else (benchmarks, header checks, other tools and tests are
 # not this lane's job): the GoogleTest programs whose tests carry the verbs label, found on their
-# post-build discovery command (-D "TEST_PROPERTIES=LABELS;backend,verbs"), plus mrcache-stress.
+# post-build discovery command (-D "TEST_PROPERTIES=LABELS;backend,verbs"), plus mrcache-stress,
+# plus mrcache-fi-oracle and libmrcache-fi.so when configured (they are not without libfabric).
 # When no program is found that way (a label mechanism this does not know), every program under
 # tests/ is built: slower, never wrong, and ctest still fails when it selects nothing.
 needed_targets() {
@@ -75,6 +78,8 @@ needed_targets() {
     return
   fi
   local programs verbs
+  ninja -C "$BUILD" -t targets all |
+    awk -F': ' '$1 ~ /(^|\/)(mrcache-fi-oracle|libmrcache-fi\.so)$/ { print $1 }' | sort -u
   programs=$(ninja -C "$BUILD" -t targets all | awk -F': ' '
     $2 ~ /^(C|CXX)_EXECUTABLE_LINKER__/ && $1 !~ /_tests\.cmake$/ &&
       ($1 ~ /^tests\// || $1 ~ /(^|\/)mrcache-stress$/) { print $1 }' | sort -u)

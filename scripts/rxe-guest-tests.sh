@@ -10,6 +10,10 @@
 #              RC RDMA READ loopback and rxe1 -> rxe0, rejection of a wrong rkey
 #   ctest      ctest -L verbs in BUILD_DIR; running zero tests is a FAILURE, never a pass
 #   stress     mrcache-stress --backend verbs --duration 20, when BUILD_DIR has it (else a note)
+#   fi-oracle  scripts/fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: libfabric's own MR cache under
+#              its monitors (memhooks and userfaultfd must show stale deliveries, no cache none)
+#              and, when BUILD_DIR/integrations/libfabric has libmrcache-fi.so, under mrcache's
+#              (which must be exact); skipped (a note) when BUILD_DIR has no mrcache-fi-oracle
 # shellcheck disable=SC2317  # the step functions are called through `step`
 set -uo pipefail
 
@@ -18,6 +22,7 @@ if [ $# -ne 1 ] || [ ! -d "$1" ]; then
   exit 2
 fi
 build=$(cd "$1" && pwd)
+scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${RXE_DEV0:=rxe0}"
 stress_seconds=${MRC_RXE_STRESS_SECONDS:-20}
 ctest_timeout=${MRC_RXE_CTEST_TIMEOUT:-300}
@@ -79,10 +84,26 @@ stress() {
   "$bin" --backend verbs --duration "$stress_seconds"
 }
 
+fi_oracle() {
+  local oracle=$build/tools/fi-oracle/mrcache-fi-oracle plugin=$build/integrations/libfabric
+  if [ ! -x "$oracle" ]; then
+    echo "note: mrcache-fi-oracle is not built in $build (no libfabric-dev at configure time):" \
+      "step skipped"
+    return 77
+  fi
+  if [ -f "$plugin/libmrcache-fi.so" ]; then
+    bash "$scripts/fi-oracle-matrix.sh" "$build" "$plugin"
+  else
+    echo "note: no $plugin/libmrcache-fi.so: libfabric's own monitors only, no mrcache row"
+    bash "$scripts/fi-oracle-matrix.sh" "$build"
+  fi
+}
+
 step sanity sanity
 step selfcheck selfcheck
 step "ctest -L verbs" verbs_ctest
 step "mrcache-stress --backend verbs" stress
+step fi-oracle fi_oracle
 
 echo "=== rxe-lane summary"
 printf '  %s\n' "${summary[@]}"
