@@ -12,13 +12,16 @@
 #    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only what
 #    the guests run is built: the test programs labelled verbs, mrcache-stress, and where
 #    libfabric-dev is installed mrcache-fi-oracle and the libfabric plugin libmrcache-fi.so; with
-#    --pair, mrcache-mpi (and UCX's rcache module where libucx-dev is installed).
+#    --pair, mrcache-mpi (and UCX's rcache module where libucx-dev is installed, and the
+#    libfabric plugin for the NetPIPE step where libfabric-dev is).
 # 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
 # 4. One guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs, the
-#    fi-oracle matrix: libfabric's own MR cache under each monitor, mrcache's plugin included).
+#    fi-oracle matrix: libfabric's own MR cache under each monitor, mrcache's plugin included;
+#    Debian's fi_pingpong under libfabric's default monitor and mrcache's).
 #    --pair: `scripts/rxe-vm.sh pair`, nodea running scripts/rxe-pair-tests.sh BUILD (stress
-#    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report);
+#    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report;
+#    NetPIPE over Open MPI's mtl/ofi under Open MPI's monitor and mrcache's);
 #    again, up to MRC_PAIR_ATTEMPTS [3] times in all, when a guest's kernel crashed.
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
@@ -74,7 +77,9 @@ configure_build_dir() {
 # tests/ is built: slower, never wrong, and ctest still fails when it selects nothing.
 needed_targets() {
   if [ $PAIR = 1 ]; then
-    ninja -C "$BUILD" -t targets all | awk -F': ' '$1 ~ /(^|\/)mrcache-(mpi|ucx-rcache\.so)$/ { print $1 }'
+    # libmrcache-fi.so: the netpipe step's mrcache run loads it (where libfabric-dev is installed)
+    ninja -C "$BUILD" -t targets all |
+      awk -F': ' '$1 ~ /(^|\/)(mrcache-(mpi|ucx-rcache\.so)|libmrcache-fi\.so)$/ { print $1 }'
     return
   fi
   local programs verbs

@@ -11,12 +11,15 @@
 #                through a cache that never invalidates, which must fail (the oracle's control)
 #   bench-*      mrcache-mpi bench through exact, fast, ucx and none, then its report
 #   netpipe      NetPIPE (NPopenmpi, a program mrcache did not write) over Open MPI's mtl/ofi on
-#                libfabric's verbs;ofi_rxm, once with libfabric's default monitor and once with
-#                mrcache's imported (libmrcache-fi.so, when BUILD_DIR has it); -i checks every
-#                byte; the report gives both runs' latency and bandwidth and their ratios, and
-#                mrcache's counters (MRC_STATS=1)
+#                libfabric's verbs;ofi_rxm, once with the monitor it gets by default (Open MPI's
+#                own, imported) and once with mrcache's (libmrcache-fi.so, required); the
+#                report gives both runs' latency and bandwidth per size and their ratios, and
+#                mrcache's counters (MRC_STATS=1), which must show subscribes and valid checks
+#                in both ranks. It measures; it does not check the data (NetPIPE's -i would,
+#                instead of measuring)
 #
-# Environment: MRC_PAIR_NETPIPE_ARGS [-u 1048576 -n 20 -p 0], MRC_PAIR_STRESS_SECONDS [30] (the exact 2-rank stress; the others run half),
+# Environment: MRC_PAIR_NETPIPE_ARGS [-u 1048576 -n 20 -p 0], MRC_PAIR_STRESS_SECONDS [30]
+# (the exact 2-rank stress; the others run half),
 # MRC_PAIR_BENCH_ARGS [--sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m],
 # MRC_PAIR_BENCH_REPS [1], MRC_PAIR_PROBES [0] (deregistered keys each rank tries at the end of
 # each stress run).
@@ -115,8 +118,17 @@ step bench bench_all
 step bench-report "$mpi" report "$bench_out"
 
 # NetPIPE through libfabric's own MR cache: Open MPI's cm PML and ofi MTL on verbs;ofi_rxm, which
-# registers the rendezvous buffers through that cache. FI_PROVIDER_PATH names the plugin's
+# registers the rendezvous buffers through that cache (mtl/ofi asks for no FI_MR_LOCAL, so rxm
+# registers each message's buffer itself: a cache search per rendezvous). The default run's
+# monitor is the one Open MPI's mtl/ofi imports (its patcher; libfabric logs "setting imported
+# memory monitor as default"), not libfabric's memhooks. FI_PROVIDER_PATH names the plugin's
 # directory for the mrcache run only; Open MPI's own import, later, is refused and ignored.
+# What rxm on rxe needs, as in the fi-oracle: FI_UNIVERSE_SIZE=16 (rxm sizes its verbs CQs by
+# it; the default asks rxe for more than it allows and mtl/ofi fails: "PML cm cannot be
+# selected"), FI_OFI_RXM_SAR_LIMIT=16384 (everything above 16 KiB is a rendezvous), and
+# FI_VERBS_IFACE=eth0 (the wire's addresses only, no AF_IB entry, which rdma_cm over RoCE cannot
+# use). mtl_ofi_provider_include is matched as a prefix of "verbs;ofi_rxm": "verbs" keeps the
+# ";" off the orted command line, which the agent runs through a shell.
 plugin_dir=$build/integrations/libfabric
 read -r -a netpipe_args <<<"${MRC_PAIR_NETPIPE_ARGS:--u 1048576 -n 20 -p 0}"
 mpirun_ofi() {  # mpirun_ofi OUTPUT_PREFIX [ENV=VALUE...]: NetPIPE across the nodes, one rank each
@@ -126,16 +138,31 @@ mpirun_ofi() {  # mpirun_ofi OUTPUT_PREFIX [ENV=VALUE...]: NetPIPE across the no
   local assignment
   for assignment in "$@"; do env_args+=(-x "$assignment"); done
   timeout -k 10 600 env "$@" mpirun --mca plm_rsh_agent "$agent" -H "$RXE_IP:1,$RXE_PEER:1" -np 2 \
-    --map-by node --mca pml cm --mca mtl ofi --mca btl ^openib \
-    --mca oob_tcp_if_include eth0 --mca mpi_yield_when_idle 1 --mca mpi_warn_on_fork 0 \
-    -x FI_PROVIDER="verbs;ofi_rxm" "${env_args[@]}" \
+    --map-by node --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include verbs \
+    --mca btl ^openib --mca oob_tcp_if_include eth0 --mca mpi_yield_when_idle 1 \
+    --mca mpi_warn_on_fork 0 -x FI_PROVIDER="verbs;ofi_rxm" -x FI_VERBS_IFACE=eth0 \
+    -x FI_UNIVERSE_SIZE=16 -x FI_OFI_RXM_SAR_LIMIT=16384 "${env_args[@]}" \
     NPopenmpi "${netpipe_args[@]}" -o "$out.np" >"$out.log" 2>&1
 }
-netpipe_line() {  # the last line of a NetPIPE output: bytes, Mbps, usec
-  awk 'NF >= 3 { last = $0 } END { print last }' "$1"
+netpipe_table() {  # netpipe_table DEFAULT.np MRCACHE.np: both runs side by side, per size
+  # NetPIPE's output file: bytes, Mbps, seconds per one-way transfer (half the round trip).
+  awk 'NR == FNR { if (NF >= 3) { bw[$1] = $2; t[$1] = $3 } next }
+       NF >= 3 && ($1 in bw) {
+         if (!header++) printf "  %9s %12s %12s %7s %10s %10s %7s\n", "bytes", "usec default",
+           "usec mrcache", "ratio", "Mbps dflt", "Mbps mrc", "ratio"
+         printf "  %9d %12.1f %12.1f %7.2f %10.2f %10.2f %7.2f\n", $1, t[$1] * 1e6, $3 * 1e6,
+           (t[$1] > 0 ? $3 / t[$1] : 0), bw[$1], $2, (bw[$1] > 0 ? $2 / bw[$1] : 0) }' "$1" "$2"
+}
+netpipe_summary() {  # the smallest size's latency and the largest's bandwidth, and their ratios
+  awk 'NR == FNR { if (NF >= 3) { if (!n++) { b0 = $1; t0 = $3 } b1 = $1; w1 = $2 } next }
+       NF >= 3 { if (!m++) u0 = $3; x1 = $2 }
+       END { if (n == 0 || m == 0 || t0 <= 0 || w1 <= 0) { print "NetPIPE: no figures"; exit 1 }
+             printf "NetPIPE latency at %d B: default %.1f usec, mrcache %.1f usec (ratio %.2f);" \
+               " bandwidth at %d B: default %.2f Mbps, mrcache %.2f Mbps (ratio %.2f)\n",
+               b0, t0 * 1e6, u0 * 1e6, u0 / t0, b1, w1, x1, x1 / w1 }' "$1" "$2"
 }
 netpipe() {
-  local rc=0 first_default first_mrcache last_default last_mrcache
+  local rc=0 log line stats n_stats n_used
   if ! command -v NPopenmpi >/dev/null; then
     echo "NPopenmpi is not installed (Debian: netpipe-openmpi)"
     return 1
@@ -144,31 +171,49 @@ netpipe() {
     echo "$plugin_dir/libmrcache-fi.so is not built (libfabric-dev missing?)"
     return 1
   fi
-  mpirun_ofi /tmp/netpipe-default FI_LOG_LEVEL=warn || { echo "NetPIPE, default monitor: failed"; rc=1; }
+  # Both at FI_LOG_LEVEL=info (setup and teardown only: the timed loops log nothing), so that
+  # each run shows which monitor libfabric took and its MR cache's searches and hits.
+  mpirun_ofi /tmp/netpipe-default FI_LOG_LEVEL=info ||
+    { echo "NetPIPE, default monitor: failed (log /tmp/netpipe-default.log)"; rc=1; }
   mpirun_ofi /tmp/netpipe-mrcache FI_PROVIDER_PATH="$plugin_dir" MRC_STATS=1 FI_LOG_LEVEL=info ||
-    { echo "NetPIPE, mrcache's monitor: failed"; rc=1; }
-  tail -n 5 /tmp/netpipe-default.log /tmp/netpipe-mrcache.log
-  grep -h "imported mrcache's monitor\|mrcache-fi (" /tmp/netpipe-mrcache.log | sort | uniq -c
-  if ! grep -q "imported mrcache's monitor" /tmp/netpipe-mrcache.log; then
-    echo "the mrcache run did not import mrcache's monitor"
+    { echo "NetPIPE, mrcache's monitor: failed (log /tmp/netpipe-mrcache.log)"; rc=1; }
+  for log in /tmp/netpipe-default.log /tmp/netpipe-mrcache.log; do
+    echo "${log#/tmp/}: $(grep -ac 'setting imported memory monitor as default' "$log") ranks" \
+      "took an imported monitor; libfabric's MR cache, per rank:"
+    grep -a -h 'MR cache stats' "$log" | sed 's/^.*<info> /  /'
+    grep -aE '^ *[0-9]+: +[0-9]+ bytes' "$log" | tail -n 1 | sed 's/^/  last NetPIPE line: /'
+    grep -aE '(error|Error|ERROR|failed|abort)' "$log" | grep -av '<info>' | head -n 5 |
+      sed 's/^/  /'
+  done
+  grep -a -h "imported mrcache's monitor" /tmp/netpipe-mrcache.log | sed 's/^.*<info> /  /'
+  stats=$(grep -a -h '^mrcache-fi (' /tmp/netpipe-mrcache.log)
+  if [ -n "$stats" ]; then
+    while IFS= read -r line; do echo "  $line"; done <<<"$stats"
+  else
+    echo "  no mrcache-fi stats line in /tmp/netpipe-mrcache.log (MRC_STATS=1)"
+  fi
+  # One import and one stats line per rank, each with subscribes and cache hits checked
+  # (valid checks): otherwise the mrcache row measured some other monitor, or no cache.
+  if [ "$(grep -ac "imported mrcache's monitor" /tmp/netpipe-mrcache.log)" -lt 2 ]; then
+    echo "the mrcache run did not import mrcache's monitor in both ranks"
+    rc=1
+  fi
+  n_stats=$(grep -c . <<<"$stats")
+  n_used=$(grep -cE '[ ,]subscribes [1-9][0-9]*,.* valid checks [1-9]' <<<"$stats")
+  if [ -z "$stats" ] || [ "$n_stats" -lt 2 ] || [ "$n_used" -lt 2 ]; then
+    echo "mrcache's monitor was not used by both ranks' caches (stats lines $n_stats, with" \
+      "subscribes and valid checks $n_used)"
     rc=1
   fi
   if [ -s /tmp/netpipe-default.np ] && [ -s /tmp/netpipe-mrcache.np ]; then
-    first_default=$(awk 'NF >= 3 { print; exit }' /tmp/netpipe-default.np)
-    first_mrcache=$(awk 'NF >= 3 { print; exit }' /tmp/netpipe-mrcache.np)
-    last_default=$(netpipe_line /tmp/netpipe-default.np)
-    last_mrcache=$(netpipe_line /tmp/netpipe-mrcache.np)
-    echo "NetPIPE (bytes, Mbps, usec), default monitor: first $first_default; last $last_default"
-    echo "NetPIPE (bytes, Mbps, usec), mrcache monitor: first $first_mrcache; last $last_mrcache"
-    awk -v d="$first_default" -v m="$first_mrcache" -v D="$last_default" -v M="$last_mrcache" \
-      'BEGIN { split(d, a); split(m, b); split(D, c); split(M, e);
-               printf "NetPIPE ratios mrcache/default: latency at %s B %.2f, bandwidth at %s B %.2f\n",
-                      a[1], b[3] / a[3], c[1], e[2] / c[2] }'
+    echo "NetPIPE ${netpipe_args[*]}, rank 0's figures (ratios mrcache/default):"
+    netpipe_table /tmp/netpipe-default.np /tmp/netpipe-mrcache.np
+    netpipe_summary /tmp/netpipe-default.np /tmp/netpipe-mrcache.np || rc=1
   else
     echo "NetPIPE left no output"
     rc=1
   fi
-  return $rc
+  return "$rc"
 }
 step netpipe netpipe
 echo "rxe0 counters, $(hostname): $(bash -c "$counters")"
