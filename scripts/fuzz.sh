@@ -11,7 +11,7 @@
 #   -t SECONDS    how long each target runs (default: $MRC_FUZZ_SECONDS or 90)
 #   -B DIR        build directory (default: build-fuzz/ in the repository)
 #   --no-setup    do not run scripts/setup.sh (which also installs clang and libFuzzer here)
-#   TARGET...     some of: api env segment (default: $MRC_FUZZ_TARGETS or all three)
+#   TARGET...     some of: api env segment monitor (default: $MRC_FUZZ_TARGETS or all four)
 # env: MRC_FUZZ_SECONDS, MRC_FUZZ_TARGETS, MRC_FUZZ_ARGS (more libFuzzer flags, e.g. -jobs=2)
 #
 # The corpus each target grows is kept in <build>/fuzz-corpus/<target> (the repository's seeds
@@ -33,7 +33,7 @@ while (($#)); do
   case $1 in
     -t) seconds=$2; shift 2 ;;
     -t*) seconds=${1#-t}; shift ;;
-    api | env | segment) chosen+=("$1"); shift ;;
+    api | env | segment | monitor) chosen+=("$1"); shift ;;
     *) echo "fuzz.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,10 +74,10 @@ clean_shm() {
   done
 }
 
-declare -A max_len=([api]=1024 [env]=512 [segment]=256)
-# Programs of operations (api) and lists of corruptions (segment) say more when long: no slow
-# growth of the input length from a few bytes (libFuzzer's default -len_control=100).
-declare -A len_control=([api]=0 [env]=100 [segment]=0)
+declare -A max_len=([api]=1024 [env]=512 [segment]=256 [monitor]=1024)
+# Programs of operations (api, monitor) and lists of corruptions (segment) say more when long:
+# no slow growth of the input length from a few bytes (libFuzzer's default -len_control=100).
+declare -A len_control=([api]=0 [env]=100 [segment]=0 [monitor]=0)
 # shellcheck disable=SC2206
 extra=(${MRC_FUZZ_ARGS:-})
 failed=()

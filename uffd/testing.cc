@@ -27,6 +27,7 @@ void set_round_trip_ticks(uint64_t ticks) {
   g_monitor.round_trip_override.store(ticks, std::memory_order_relaxed);
 }
 void pause_monitor(bool on) { g_paused.store(on, std::memory_order_relaxed); }
+void wait_until_idle() { g_monitor.queue.wait_until_idle(); }
 void fail_monitor_thread_start(int error) {
   g_monitor.thread_start_error.store(error, std::memory_order_relaxed);
 }

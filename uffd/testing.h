@@ -21,6 +21,9 @@ void set_round_trip_ticks(uint64_t ticks);
 // While on, the monitor leaves events unread (their unmappers stay blocked in the kernel), and
 // in MISSING mode faults unanswered (their threads wait); a stop ends the pause.
 void pause_monitor(bool on);
+// Returns once the monitor is between batches: every event it has read is published (a record
+// appended after the kernel released the changing thread is then visible).
+void wait_until_idle();
 // From the next monitor start, creating the monitor thread fails with `error` (what
 // pthread_create returns: EAGAIN when the process is out of threads); 0 = it is created.
 void fail_monitor_thread_start(int error);

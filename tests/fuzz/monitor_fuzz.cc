@@ -131,6 +131,19 @@ void unsubscribe(State *s) {
   if (model.count == 0) s->subscribed.erase(it);
 }
 
+// A change is owed to the runtime while a subscription overlaps it: one that the runtime
+// unsubscribed, or that an earlier record of the same delivery ended (one-shot), is no longer
+// its business.
+void forgive_unsubscribed(State *s) {
+  for (Area &area : s->areas) {
+    bool subscribed = false;
+    for (const auto &entry : s->subscribed) {
+      subscribed = subscribed || overlaps(entry.first, area.owed_start, area.owed_end);
+    }
+    if (!subscribed) area.owed_start = area.owed_end = 0;
+  }
+}
+
 void notify(void *arg, void *addr, size_t len) {
   auto *s = static_cast<State *>(arg);
   const auto start = reinterpret_cast<uintptr_t>(addr);
@@ -142,6 +155,7 @@ void notify(void *arg, void *addr, size_t len) {
     for (auto it = s->subscribed.begin(); it != s->subscribed.end();) {
       it = overlaps(it->first, start, end) ? s->subscribed.erase(it) : std::next(it);
     }
+    forgive_unsubscribed(s);
   }
   if (s->depth > 0) return;
   ++s->depth;
@@ -162,15 +176,7 @@ void notify(void *arg, void *addr, size_t len) {
 }
 
 void deliver(State *s) {
-  // A change is owed to the runtime while a subscription overlaps it: one the runtime
-  // unsubscribed before the delivery is no longer its business.
-  for (Area &area : s->areas) {
-    bool subscribed = false;
-    for (const auto &entry : s->subscribed) {
-      subscribed = subscribed || overlaps(entry.first, area.owed_start, area.owed_end);
-    }
-    if (!subscribed) area.owed_start = area.owed_end = 0;
-  }
+  forgive_unsubscribed(s);
   size_t delivered = 0;
   check_status(mrc_monitor_deliver(s->monitor, &delivered), "mrc_monitor_deliver");
   for (int i = 0; i < kAreas; ++i) {
