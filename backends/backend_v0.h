@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrc_backend_t as 0.1 laid it out (docs/DESIGN.md, "C ABI"): the frozen 0.1 ops table, its
 // translation to and from the library's sized layout, and the *_v0 entry points that 0.1
 // programs reach through name@MRCACHE_0 (the getters, mrc_backend_complete). Their *_v2 twins,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // backends/: the built-in registration engines behind mrc_backend_t.
 //
 // The ABI boundary is the C ops table mrc_backend_t (include/mrcache/mrcache.h); inside the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What every backend shares: the cause of a failure (written to the thread's last error,
 // base/error.h), argument checks, the not-supported defaults, reading a caller's ops table by
 // its struct_size and the completion of a plugin's ops table (mrc_backend_complete, in the

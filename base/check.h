@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The two tiers of internal checks shared by every library layer.
 //
 // MRC_CHECK(cond):   always on; a broken invariant that would corrupt memory or registrations

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Epoch-based reclamation; the contract is the SYNCHRONIZATION block in epoch.h.
 #include "base/epoch.h"
 

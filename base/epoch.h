@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Epoch-based reclamation: memory that lock-free readers may still be looking at is freed only
 // after every reader that could have seen it has left its critical section.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The calling thread's last error (error.h).
 //
 // The text lives on the heap, allocated at a thread's first error and freed when it exits, not in

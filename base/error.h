@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The calling thread's last error: one thread-local buffer for the whole library, the text that
 // mrc_last_error() returns (and its older names mrc_backend_last_error(), mrc_seg_last_error()).
 // Every component writes its cause here: the backends through backends::fail and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Process-private futex waits and wakes on a 32-bit atomic word.
 //
 // SYNCHRONIZATION: the kernel's; a wait returns at once when the word differs from `expected`

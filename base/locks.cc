@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Robust process-shared mutexes and OFD byte locks. SYNCHRONIZATION: see locks.h.
 #include "base/locks.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Locks shared between processes: robust process-shared pthread mutexes (they survive a holder's
 // death) and OFD byte locks (they say whether any process still has a file open).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Page frame numbers from /proc/self/pagemap, for MRC_FLAG_VERIFY_PFN.
 //
 // Since Linux 4.0 an unprivileged reader (without CAP_SYS_ADMIN) gets the present bit but a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Vma facts: PROCMAP_QUERY on an open /proc/self/maps (Linux 6.11+), else a parse of it.
 //
 // SYNCHRONIZATION

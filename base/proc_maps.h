@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The kernel's facts about one mapping (VMA) of this process: PROCMAP_QUERY on an open
 // /proc/self/maps (Linux 6.11+), else a parse of /proc/self/maps.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The size rule of the C ABI's growing structs (include/mrcache/mrcache.h, top): shared by every
 // entry point that takes a struct with a size, so that all of them accept and refuse alike.
 #pragma once

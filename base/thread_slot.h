@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Thread identity: a small index per live thread, for per-thread shards (statistics) and for
 // whatever must know whether a thread has a slot to itself (the cache's parked puts).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A cheap, monotonic count of CPU ticks, for comparing costs measured in one process: the
 // churn learner weighs a registration's cost against a watch's and an unmap's round trip to
 // the monitor (docs/DESIGN.md, "Churn"). Never converted to time, never compared across

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Compile flags shared by every target of the project.
 #
 # Convention: library code (pgtable, uffd, backends, core) is built without exceptions and

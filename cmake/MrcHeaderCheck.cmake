@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Each public header in include/mrcache/ compiled alone, twice in a row (include guards), with
 # only include/ on the path: as C11 and as C++ for a .h, as C++ for a .hpp. Warnings are the
 # consumer's kind (-Wall -Wextra -Wpedantic), plus our full set for the C++ layer (.hpp).

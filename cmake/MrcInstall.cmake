@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Installation: the public headers, libmrcache.so (with its soname links) and libmrcache.a, the
 # CMake package (find_package(mrcache) -> mrcache::mrcache, mrcache::mrcache_static) and
 # mrcache.pc. tests/install/ checks all of it against an installed tree.
@@ -59,3 +60,7 @@ set(MRC_PC_LIBS_PRIVATE "-lstdc++ -lm -pthread")
 configure_file(cmake/mrcache.pc.in ${PROJECT_BINARY_DIR}/mrcache.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/mrcache.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT mrcache_development)
+
+# The licence travels with the binaries (BSD-3-Clause asks redistributions to carry it).
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR}
+  COMPONENT mrcache_runtime)

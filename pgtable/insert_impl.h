@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable::insert(): the descent to the slot where the region stops fitting in one slot,
 // the usual cases (an empty slot, a slot holding one region) without the general recursion, and
 // the general case, whose new nodes are counted and allocated before the table changes. A private

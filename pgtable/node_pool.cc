@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The page table's node pool; the contract is in node_pool.h.
 #include "pgtable/node_pool.h"
 

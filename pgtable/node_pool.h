@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Memory for one page table's nodes: carved from chunks the pool maps itself, and recycled once
 // no reader can still see a node. Private to pgtable/.
 //

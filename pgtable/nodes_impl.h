@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The nodes and slots of RadixPageTable as its writer handles them, what every mechanism uses:
 // construction, node allocation and retirement, the stores every change of a slot or of root_ goes
 // through, and the arithmetic that places a region or a node in a block. A private part of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The radix page table: maps page-aligned, non-overlapping [start, end) ranges to regions.
 //
 // Shape. A radix tree over page numbers: leaves (level 0) have 2^kLeafBits slots of one page

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The definitions of RadixPageTable's writer side (pgtable.h declares them, and defines the
 // readers inline), for the files that instantiate a shape: pgtable.cc, the library's one shape
 // (PageTable's); the tests and the benchmark instantiate the others they use themselves:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # The application plot: for each engine (null, io_uring) and binding (unbound, bound to one CPU),
 # mrcache's time per message as a ratio to UCX's rcache and to no cache, per workload; below the
 # line at 1 mrcache is faster. Data files: mrcache-appbench -o DIR (app-<engine>-<binding>.dat).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # The benchmark plot: page-table lookup latency versus regions, cache hit throughput versus
 # threads; mrcache solid, UCX dashed, from the same run. Data files: mrcache-bench-report.
 #

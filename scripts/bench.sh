@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Benchmarks: builds mrcache-appbench and mrcache-bench (Release) and runs them, the application
 # suite first, then the micro-benchmarks, and writes into the results directory:
 #   app.md, app.json, app-*.dat, app.png   mrcache-appbench: application workloads (fresh

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Fails (exit 1) when a tracked C/C++ file differs from what clang-format makes of it, and lists
-# those files. Usage: scripts/check-format.sh [--fix]   (--fix rewrites them in place)
+# SPDX-License-Identifier: BSD-3-Clause
+# Fails (exit 1) when a tracked C/C++ file differs from what clang-format makes of it, or when a
+# tracked source file (C/C++, CMake, shell, gnuplot, linker map, template) lacks its licence line
+# (`SPDX-License-Identifier: BSD-3-Clause` in its first two lines), and lists those files.
+# Usage: scripts/check-format.sh [--fix]   (--fix rewrites the unformatted ones in place)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -23,6 +26,20 @@ for f in "${files[@]}"; do
     unformatted+=("$f")
   fi
 done
+
+unlicensed=()
+mapfile -d '' sources < <(git ls-files -z -- '*.h' '*.cc' '*.c' '*.hpp' '*.sh' '*.gp' '*.map' \
+  '*.in' '*.cmake' '*CMakeLists.txt' .ci/run)
+for f in "${sources[@]}"; do
+  [[ -f $f ]] || continue
+  head -n 2 -- "$f" | grep -q 'SPDX-License-Identifier: BSD-3-Clause' || unlicensed+=("$f")
+done
+if ((${#unlicensed[@]})); then
+  echo "check-format: ${#unlicensed[@]} files lack 'SPDX-License-Identifier: BSD-3-Clause' in" \
+    "their first two lines (LICENSE):"
+  printf '  %s\n' "${unlicensed[@]}"
+  exit 1
+fi
 
 if ((${#unformatted[@]})); then
   echo "check-format: ${#unformatted[@]} of ${#files[@]} files are not clang-formatted:"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Enforces the layer order of SOURCES.md on every #include of the library's sources:
 #
 #   layer 0  include/mrcache/  may include: mrcache/                         third-party: none

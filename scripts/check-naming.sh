@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The library's naming style (.clang-tidy: readability-identifier-naming and its CheckOptions):
 # clang-tidy with only that check over every library source (base/ pgtable/ uffd/ backends/
 # core/) that a build directory's compile_commands.json lists, and the library headers they

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # ci-rxe.sh: the rxe soft-RoCE CI lanes. The host kernel has no RDMA stack, so the verbs tests
 # run in QEMU guests with rdma_rxe (scripts/rxe-vm.sh) against the host's own build.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: does a memory monitor let libfabric's own MR cache
 # serve stale registrations? Runs INSIDE a soft-RoCE guest (scripts/rxe-vm.sh; the rxe lane's
 # scripts/rxe-guest-tests.sh calls it): BUILD_DIR/tools/fi-oracle/mrcache-fi-oracle once per

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Proves that the README's test command works on a fresh Debian 12: debootstrap a minimal
 # bookworm (cached under /var/tmp between runs), copy it, put the repository in, chroot, and run
 # scripts/test.sh there. Needs root (debootstrap, mount, chroot) and the network to Debian's

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Runs each libFuzzer target of tests/fuzz (api, env, segment, monitor: see tests/fuzz/CMakeLists.txt)
 # for a bounded time under ASan+UBSan, starting from the seed corpus in the repository, then
 # replays the seeds and tests/fuzz/regressions/ through them (ctest -L fuzz). Prints each

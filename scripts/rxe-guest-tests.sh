@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # rxe-guest-tests.sh BUILD_DIR: the test list of the rxe lane. Runs INSIDE the soft-RoCE guest
 # (scripts/ci-rxe.sh starts it through `scripts/rxe-vm.sh run --rw BUILD_DIR`), with rxe0/rxe1
 # up and RXE_DEV0/RXE_GID0... in the environment. Every step runs even after a failure, so that

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # rxe-pair-tests.sh BUILD_DIR: the two-node test list. Runs INSIDE nodea of the guest pair
 # (scripts/ci-rxe.sh starts it with `scripts/rxe-vm.sh pair`, nodeb running
 # scripts/rxe-pair/serve.sh), with rxe0 up on each node. Launches mrcache-mpi across both nodes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # rxe-vm.sh: run commands against soft-RoCE (rdma_rxe) on a host whose own kernel has no RDMA
 # stack, by booting a stock Debian kernel in a QEMU guest with a small busybox initramfs.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Installs every Debian package mrcache needs to build, test, format-check and benchmark, on
 # Debian 12 (bookworm). Idempotent: when everything is present it prints nothing and touches
 # nothing (no apt-get update). Works as root, or through sudo as another user.

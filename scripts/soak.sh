@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The soak: mrcache-stress again and again, rotating through its configurations, until the runs
 # together have done OPS operations (default 10^8: two to three hours on 2 cores). The
 # configurations cover the whole mutation mix, hot (parked) and nested ranges, forks, injected

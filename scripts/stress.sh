@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The main job: set-up, build mrcache-stress, and run it for 30 seconds with its defaults: exact
 # mode, where a stale registration counts also in the unmap window (--fast: fast mode, which
 # reports in-window hits without counting them). mrcache-stress exits non-zero on any stale

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The test command: set-up (Debian packages), configure (Ninja, RelWithDebInfo, -DMRC_WERROR=ON),
 # build everything, run every test with ctest. Exits with ctest's status. Tests that need a
 # privilege, a kernel feature or a device the machine lacks skip themselves and say why.

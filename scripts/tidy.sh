@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # clang-tidy (the repository's .clang-tidy) over every C/C++ source of the project that a build
 # directory's compile_commands.json lists. Prints the findings, then a count per check.
 # Exit 0 when clean, 1 when there are findings, 2 on a usage error.

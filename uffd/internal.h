@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Private plumbing between the files of uffd/ (not for other layers).
 #pragma once
 

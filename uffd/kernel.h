@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Kernel interface definitions that are newer than the build machine's headers.
 //
 // Debian 12 ships the 6.1 UAPI headers while the machines run 6.18: UFFD_FEATURE_WP_ASYNC (6.7)

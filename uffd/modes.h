@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor modes' names: one table gives each mode its name (mrc_monitor_info_t::mode_name,
 // the reasons the monitor writes) and the MRC_MONITOR value that asks for it.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor's lifecycle: start (negotiate, allocate, spawn the thread) and stop, keeping the
 // watch table in step with the queue, the fork handlers, and mrc_monitor_info().
 //

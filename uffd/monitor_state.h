@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor's process-wide state, private to uffd/: the registry (subscribers, the negotiated
 // mode, the current run, the watch table) and what the monitor thread reads (MonitorRun), shared
 // by the files that start, run, fork and stop the monitor and by the subscription and watches

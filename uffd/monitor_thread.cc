@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor thread: it waits until the userfaultfd is readable (io_uring, or poll(2) as the
 // fallback), reads the events in batches and publishes them into the invalidation queue.
 //

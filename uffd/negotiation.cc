@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Negotiation: the userfaultfd mode (MRC_MONITOR, the kernel's features, a trial registration)
 // and the unmap probe (see negotiation.h).
 //

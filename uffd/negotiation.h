@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Negotiation, private to uffd/: which userfaultfd mode the kernel and the sandbox allow (and
 // MRC_MONITOR asks for), and the unmap probe that tells whether changes of watched memory are in
 // flight (probe.h). Called under the registry mutex (monitor_state.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The unmap probe: one ioctl that tells whether changes of watched memory are in flight
 // (docs/DESIGN.md, "Exact under concurrent unmaps"). Internal to uffd/: the cache reaches it
 // through Subscription::probe_unmaps() only. Any thread, no lock.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The invalidation queue (see queue.h for the synchronization contract).
 #include "uffd/queue.h"
 

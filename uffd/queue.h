@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The invalidation queue: the monitor's output, read by every subscribed cache.
 //
 // SYNCHRONIZATION

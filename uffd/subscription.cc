@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The subscription: draining the queue, the unmap probe, subscribe and unsubscribe.
 //
 // SYNCHRONIZATION: see subscription.h (the cursor) and monitor_state.h (the registry).

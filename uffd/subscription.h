@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The subscription: one cache's cursor into the monitor's invalidation queue (queue.h), which
 // the monitor fills with one record per event, and every subscription reads at its own pace.
 // Subscribing starts the process-wide monitor (the first subscriber), unsubscribing stops it

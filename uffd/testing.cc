@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the monitor (see testing.h).
 //
 // SYNCHRONIZATION: see monitor_state.h (the registry mutex, the test control fields).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the monitor (tests and tools/bench; the library never includes this,
 // only uffd/ defines it).
 #pragma once

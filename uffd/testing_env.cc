@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test switches from the environment, for test programs and tools only: this file is not part
 // of libmrcache (CMakeLists.txt adds it to the programs that link mrcache_internal), so the
 // installed library honours no test switch, whatever the environment says.

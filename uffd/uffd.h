@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // uffd: the process-wide userfaultfd monitor, watched ranges and the invalidation queue.
 //
 // The monitor learns from the kernel that memory went away (munmap, mremap, madvise, brk,

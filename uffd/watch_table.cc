@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Watched ranges (see watch_table.h for the model and the synchronization contract).
 #include "uffd/watch_table.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The watch table, private to uffd/ (its face is watches.h): what is registered with the
 // userfaultfd, and how many watches each part of the address space carries.
 //

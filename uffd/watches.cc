@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Watches: watch, unwatch and unwatch_many on the monitor's watch table (see watches.h).
 //
 // SYNCHRONIZATION: see watches.h (the calls), watch_table.h (the fast path) and monitor_state.h

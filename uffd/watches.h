@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Watches: which address ranges the monitor watches for the caches. Process-wide: every cache
 // watches and unwatches through these functions, on the monitor's one watch table
 // (watch_table.h, private), so the calls need no subscription of their own; while none exists

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The io_uring backend: registrations are fixed buffers in a sparse table.
 //
 // A registration takes a free slot and installs [addr, addr+len) there with a tagged update; the

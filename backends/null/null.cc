@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The null backend: registers nothing. Its key is a process-wide serial number that is never
 // reused, so a test or the stress harness can tell every registration apart; its context counts
 // registrations and injects failures (every Nth call, or with a seeded probability).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The rdma-core verbs backend: registrations are memory regions (ibv_reg_mr) on a protection
 // domain that the runtime owns. key = lkey; handle = the struct ibv_mr * (rkey, device).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The verbs entry points of a build without rdma-core (MRC_WITH_VERBS=OFF): they exist, so
 // that runtimes link against any build, and say why they cannot work.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The page size and the power-of-two rule that a cache's alignment (mrc_cache_params_t) and a
 // get's alignment argument both obey.
 #pragma once

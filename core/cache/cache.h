@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The registration cache: regions by address in a radix page table, registered through a
 // backend, invalidated by the userfaultfd monitor.
 //

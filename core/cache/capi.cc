@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The C API: argument checks and translation to the C++ core. Nothing here throws.
 //
 // Functions whose structs changed exist twice (docs/DESIGN.md, "C ABI"): *_v0 takes the 0.1

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Which ranges churn: their cached registrations end by an event (munmap, mremap, madvise) before
 // caching them paid, i.e. before gets used them again often enough that the registrations they
 // saved outweigh the watch and the unmap's round trip to the monitor (Cache::caching_paid; a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Configuration from MRC_* environment variables: sizes with units, booleans, counts.
 #pragma once
 

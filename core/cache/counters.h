@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Statistics counters that cost no shared write on the hit path.
 //
 // SYNCHRONIZATION: every thread owns one slot index (base/thread_slot.h). While at most kSlots

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Creating and destroying a cache: checking and copying the parameters, subscribing to the
 // monitor, joining the process's list of caches (fork_registry.h); at the end, deregistering
 // what is left and giving region memory back.

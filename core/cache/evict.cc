@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Eviction: the bound (max_regions, max_bytes), the CLOCK hand over the LRU ring of cached
 // regions, the trim a put runs when the cache is over its bound, and evicting every unused
 // region when the backend runs out of registration resources.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // get and put without the mutex: the exact-mode probe, the lock-free lookup, taking a parked
 // reference back or parking one, the CLOCK bit, the hit streak that earns parking, put over the
 // bound, and the page-frame check of MRC_FLAG_VERIFY_PFN. A miss goes on in slow_path.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The process's caches, for fork (fork_registry.h).
 //
 // SYNCHRONIZATION: see fork_registry.h and cache.h

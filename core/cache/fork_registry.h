@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The process's caches, for fork: every cache joins this list at creation and leaves it at
 // destruction; pthread_atfork handlers walk it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrc_invalidate: a region leaves the table at once; its callback runs after its
 // deregistration, at its last put (release.cc).
 //

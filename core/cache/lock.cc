@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Cache::Lock: mutex_ with the re-entrancy frame (reentry.h) and the deferral of log messages
 // (log.h).
 //

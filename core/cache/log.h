@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Logging through fmt, with levels from MRC_LOG_LEVEL and a user-installable callback.
 //
 // SYNCHRONIZATION: the level is a relaxed atomic read on every log call; the handler is copied

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The mutex_ side of parked references: promotion (a region earns kParkable and an owner), and
 // taking parked references back when kParkable is cleared (unpark, reclaim). Parking and
 // taking back on the hit path are in fast_path.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One thread's parked references in one cache: the hit path without a locked instruction.
 //
 // SYNCHRONIZATION: see cache.h ("Parked references")

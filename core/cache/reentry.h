@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What this thread is doing inside which cache: holding its lock, running one of its callbacks,
 // destroying it. The cache reads it to refuse, with MRC_ERR_BUSY, a call that user code makes back
 // into a cache that could not serve it without deadlocking or recursing (docs/DESIGN.md, "The C

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A region: one registration of [start, end) in a cache, its flags and its reference count, and
 // its life from allocation to recycling (the table below).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Region memory: a pool refilled from what the epoch domain hands back, so a fast-path reader
 // holding a stale pointer never touches memory reused for anything but a region.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Releasing: dropping references, the batch of regions whose deregistration waits
 // (max_unreleased), finishing a region whose count reached zero (deregistration, callbacks),
 // and reaping finished regions off the live list into the epoch domain. The states a region

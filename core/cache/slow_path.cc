@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The slow path: a get that missed (or found an unmap in flight) takes mutex_, applies the
 // invalidation queue to the table (drain), and looks up, merges, watches and registers;
 // removing a region from the table and purging the table are here too.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Statistics: mrc_cache_stats (the sharded hot counters plus the slow path's under mutex_) and
 // their JSON form.
 //

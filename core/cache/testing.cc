@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the cache (see testing.h).
 //
 // SYNCHRONIZATION: each control is one relaxed atomic, read where the library acts on it.

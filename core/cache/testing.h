@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the cache (tests only; the library never includes this, only
 // core/cache/testing.cc defines it).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test switches of the cache from the environment, for test programs and tools only: like
 // uffd/testing_env.cc, this file is not part of libmrcache (CMakeLists.txt adds it to the
 // programs that link mrcache_internal), so the installed library honours no test switch.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The public monitor's C API (include/mrcache/monitor.h): argument checks and translation to
 // mrc::monitor::Client. Nothing here throws.
 #include <cstdarg>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The public monitor's client: subscriptions, validity, delivery (client.h).
 #include "core/monitor/client.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The public monitor (include/mrcache/monitor.h): one runtime's subscriptions to the process-wide
 // userfaultfd monitor, the exact validity check of its hits, and the delivery of what went away.
 // docs/DESIGN.md, "The public monitor", has the exactness argument.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The counted ranges of one public monitor (subscription_set.h).
 #include "core/monitor/subscription_set.h"
 

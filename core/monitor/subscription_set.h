@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The ranges one public monitor is subscribed to, each counted: a sorted array of distinct
 // [start, end) ranges that may overlap one another (a runtime registers overlapping buffers).
 // What the delivery thread asks of it: which ranges overlap a change that was read.

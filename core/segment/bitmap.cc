@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The bitmaps of the root: the page bitmap of the window (which 2 MiB pages belong to a
 // segment; first fit) and the bitmap of client slots in each directory entry.
 //

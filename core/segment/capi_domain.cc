@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The C API of domains: mrc_seg_domain_params_init, _open, _inspect and _remove (each as *_v2
 // and, in the 0.1 layout of mrc_seg_domain_params_t, as *_v0), _close, _scan, _info, _check,
 // _repair, and mrc_seg_remove.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The printable description of a domain (text or JSON), used by mrcache-seg show.
 //
 // SYNCHRONIZATION: reads a copy of the root header taken without the domain lock, so that

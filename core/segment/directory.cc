@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The directory of segments and the client slots in the root (functions named *_locked, all
 // under the shared domain lock): tearing entries down, claiming, releasing and reaping client
 // slots, crash repair, removing the whole domain and orphaned files; and the domain lock

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Process-local objects behind the mrc_seg_* handles, and the internal calls between the files
 // of core/segment/.
 //

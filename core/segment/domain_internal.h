@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The calls between the files that implement domains (domain_params.cc, registry.cc, join.cc,
 // files.cc, bitmap.cc, directory.cc, named.cc, capi_domain.cc); private to core/segment/. The
 // objects they work on are in domain.h, the shared memory in layout.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The params of a domain: the defaults of mrc_seg_domain_params_t, the checks on a caller's
 // params (the size rule, names, mode, ids), and the window the domain lives in.
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The domain's files and its window in this process: whether a /dev/shm name still names an
 // open file, reserving the window (and re-reserving a segment's range when it closes), and
 // unlinking a segment's file when it belongs to the domain.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The shared heap. SYNCHRONIZATION and CRASH CONSISTENCY: see heap.h. In short: everything under
 // HeapHeader::lock; the chain of block sizes changes by single 8-byte stores separated by
 // compiler fences; everything else is rebuilt by repair_locked() after EOWNERDEAD.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The heap inside a MRC_SEG_HEAP segment: first fit over one free list, usable from every process
 // that maps the segment (at any address: it stores offsets from the data start, never pointers).
 //

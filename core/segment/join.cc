@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Root creation and joining, for open_domain (registry.cc): creating a domain's root file and
 // reserving its window, or joining a root that exists (waiting for its creator, removing a root
 // that a dead creator left unready, finishing the removal of a dead one), and claiming a

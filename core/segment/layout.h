@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The shared-memory layout of a segment domain: the root header (/dev/shm/<prefix>:root) and the
 // header page at the start of every segment. Every process of the domain maps these, so they
 // hold offsets and sizes, never pointers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // memfd segments: no name in /dev/shm. The creator makes a sealed memfd (its size can never
 // change, so no receiver can be hit by SIGBUS), maps it at a 2 MiB-aligned address, and passes
 // the descriptor over an AF_UNIX socket (SCM_RIGHTS); the receiver verifies the seals and the

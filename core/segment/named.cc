@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Named segments: opening (creating one, or mapping an existing one at its window address) and
 // closing the segments listed in a domain's directory, with their optional backing file, heap
 // and NUMA node. (Memfd segments are in memfd.cc.)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NUMA placement of segments: whether a node is there, and binding a range to it before
 // anything touches its pages. No shared state.
 #include <numa.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Registered segments: the whole segment registered through a cache (mrc_get), and keys for heap
 // allocations. Kept apart from segment.cc so that the segment code links without the cache.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The registry of the domains this process has joined, one per prefix: opening a domain (a
 // second open of a prefix shares the first; otherwise create_root/join_root in join.cc),
 // closing it when the last reference goes, and the fork() handlers that keep a child from

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrc_seg_params_t across the C ABI's versions (docs/DESIGN.md, "C ABI"): its defaults, the size
 // rule for a caller's struct_size (base/sized.h), and the 0.1 layout that 0.1 programs pass to
 // mrc_seg_params_init, mrc_seg_open_ex and mrc_seg_memfd_create@MRCACHE_0. Defined in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The C API of segment handles: their parameters (mrc_seg_params_t, and its 0.1 layout: see
 // seg_params.h), base/size, the heap, info, close, and the last error (an alias of
 // mrc_last_error, base/error.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // System helpers of the segment code: the calling thread's last error (formatted with fmt,
 // stored in base/error.h's buffer), name checks, clocks, file checks; the locks come from
 // base/locks.h.

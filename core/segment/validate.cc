@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Checks of values read from shared memory (validate.h). SYNCHRONIZATION: none; pure functions.
 #include "core/segment/validate.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Checks of the values read from shared memory: a directory entry, a client slot, a segment
 // header, a heap header. Everything in /dev/shm (and every memfd a peer sends) is input that any
 // process of the domain's uid, or a hostile peer, may have scribbled over at any time, so no

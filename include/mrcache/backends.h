@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* mrcache built-in registration backends: io_uring fixed buffers, rdma-core verbs, the null
  * backend's context, and the helpers that plugins use. Included by <mrcache/mrcache.h>; do not
  * include directly. The plugin contract (threads, what reg may do, errors) is in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* mrcache/monitor.h — mrcache's exact memory monitor, for a runtime that keeps its own cache.
  *
  * A runtime with a registration cache of its own (libfabric's MR cache, Open MPI's grdma, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* mrcache — memory-registration cache driven by userfaultfd.
  *
  * The stable C API that runtimes embed. Every call is thread-safe unless it says otherwise.

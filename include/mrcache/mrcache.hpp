@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache — a thin C++ layer over the C API: RAII owners for caches and region references.
 // No exceptions: fallible calls return mrc_status_t, as the C API does.
 #ifndef MRCACHE_MRCACHE_HPP

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* mrcache shared segments (mrc_seg_*). Included by <mrcache/mrcache.h>; do not include
  * directly.
  *

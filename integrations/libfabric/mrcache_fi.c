@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* libmrcache-fi.so: mrcache's monitor (include/mrcache/monitor.h) as libfabric's memory monitor.
  *
  * libfabric loads this library while it initialises: from FI_PROVIDER_PATH, or from its provider

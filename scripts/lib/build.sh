@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Shared by scripts/test.sh and scripts/stress.sh (sourced, not run): argument parsing, set-up and
 # the configure step, so that both build the tree the same way.
 #

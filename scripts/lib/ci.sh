@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers for .ci/run and the lanes run by hand (sourced, not run).
 
 # mrc_label_targets BUILD_DIR LABEL: the names of the test programs (CMake targets) that carry

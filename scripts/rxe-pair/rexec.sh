@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # rexec.sh: runs under serve.sh's listener, once per connection: the first line is a shell
 # command (as ssh would get it); its output, stderr included, goes back, then its status.
 IFS= read -r cmd

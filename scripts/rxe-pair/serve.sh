@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # serve.sh: nodeb's script in the pair. Runs the commands nodea sends (agent.sh) until one of
 # them creates /run/rxe-pair-stop. The listener is on the guests' private wire only, which the
 # host cannot reach: acceptable in throwaway guests, not a pattern for anything else.

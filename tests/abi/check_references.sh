@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # usage: check_references.sh PROGRAM NODE
 # Every mrc_* function PROGRAM imports is versioned NODE: the program stands for one built
 # against that release.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* A program built against the 0.1 headers (tests/abi/v0.1, never edited) and linked against the
  * 0.1 symbol versions, run on today's libmrcache.so.0: the 0.1 layouts of mrc_cache_params_t,
  * mrc_stats_t, mrc_monitor_info_t, mrc_seg_domain_params_t, mrc_seg_params_t and the plugin ops

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The size rule of the growing structs (include/mrcache/mrcache.h, top), for each kind: output
 // structs filled through a size argument (mrc_stats_t, mrc_monitor_info_t) and input structs
 // that carry struct_size (mrc_cache_params_t, mrc_seg_domain_params_t, mrc_seg_params_t, the

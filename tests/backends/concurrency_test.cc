@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The backends under concurrent use (label concurrency: the TSan lane runs these): null
 // serials from many threads and contexts, io_uring slot allocation from many threads.
 #include <gtest/gtest.h>

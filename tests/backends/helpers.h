@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Helpers shared by the backend tests: contexts and mappings that clean up after themselves.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The io_uring backend: the slot table (allocation, release tags, reuse only after the kernel
 // released the old buffer), its errors, concurrency, and the data-path oracle: a WRITE_FIXED
 // through a registration writes the pages that were registered, so after the memory is

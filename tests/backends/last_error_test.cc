@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One last error for the whole library (base/error.h): a backend's failure and a segment call's
 // failure both read back through mrc_last_error() and through their older names,
 // mrc_backend_last_error() and mrc_seg_last_error(), which return the same text.

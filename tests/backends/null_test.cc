@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The null backend: serials, counters, fault injection, parameters.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* A runtime's own registration engine, written in C exactly as an embedding runtime would:
  * an ops table with designated initialisers (its struct_size first) that leaves out what it
  * does not need, completed with mrc_backend_complete. Compiled as C (this also proves

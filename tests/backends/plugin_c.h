@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* The C plugin of plugin_c.c, driven by plugin_test.cc. */
 #ifndef MRCACHE_TESTS_BACKENDS_PLUGIN_C_H
 #define MRCACHE_TESTS_BACKENDS_PLUGIN_C_H

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The plugin interface: a C runtime's ops table (plugin_c.c) completed with the not-supported
 // defaults, and the built-in tables being complete already.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The verbs backend. Without an RDMA device (these machines: no CONFIG_INFINIBAND) the device
 // tests skip with the reason; in the rxe VM lane they run for real, including the RDMA
 // data-path oracle: an RC queue pair connected to itself READs through a registration, before

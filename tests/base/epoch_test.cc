@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Epoch-based reclamation: what retire() frees, when, and what delays it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // base/proc_maps.h: a mapping's facts from PROCMAP_QUERY and from the /proc/self/maps parser
 // (each test runs on both), and the descriptors' fork handlers.
 #include "base/proc_maps.h"

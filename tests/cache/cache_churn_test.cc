@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Learning which ranges churn (docs/DESIGN.md, "Churn"): a buffer that is a new mapping for every
 // message gains nothing from the cache, and watching it made every munmap of it wait for the
 // monitor. After two such registrations in a row the cache registers that range uncached, so the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The invariant under contention: after an unmap returns, no get started afterwards returns the
 // old registration. Mutators count each change of a slot's memory twice: `started` before the
 // syscall, `completed` after it returned. The backend records `started` at registration. A

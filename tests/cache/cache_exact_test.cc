@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Exactness under concurrent unmaps (docs/DESIGN.md, "Exact under concurrent unmaps"). The
 // kernel may hand an address another thread is still unmapping to a new mmap before the monitor
 // has read the unmap's event; a get of the new memory must not return the old registration.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What the cache tests share: page-granular private mappings, and a fixture owning one cache over
 // a counting backend that checks, at the end of each test, that destroy left nothing registered.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // fork: the child forgets inherited regions without deregistering them (the parent owns them);
 // MRC_FLAG_PURGE_ON_FORK deregisters unused regions before the fork.
 #include <sys/mman.h>

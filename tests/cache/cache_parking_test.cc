@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Parked references: a hot region's put keeps the reference in the thread's parking line (no
 // locked instruction), and everything that needs the region unused — invalidation, an unmap,
 // eviction, destroy — takes the parked references back first. White-box where the count itself

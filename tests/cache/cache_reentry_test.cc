@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Re-entrancy (docs/DESIGN.md, "The C API contract", "User code"): a backend's reg and dereg, a
 // log handler and an invalidate callback may call back into the cache, or fork; each call either
 // works or returns MRC_ERR_BUSY, never deadlocks. mrc_cache_destroy refuses (MRC_ERR_BUSY) while

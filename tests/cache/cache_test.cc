@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The cache's behaviour through the public C API, scenario by scenario (the ones UCX's rcache
 // suite covers, and ours). A counting plugin backend observes every registration.
 #include <linux/membarrier.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* The C API from C: a user plugin backend with designated initialisers, the null backend's
  * never-reused serial keys, and the contract's error codes. Returns 0 when every check holds. */
 #include <stdio.h>

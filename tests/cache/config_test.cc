@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // MRC_* variables: units, booleans, and errors that name the variable.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A plugin backend for the cache tests: counts calls, records the first word of the memory it
 // registers (a stamp the tests write into each fresh mapping), fails on demand.
 #pragma once

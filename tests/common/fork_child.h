@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Checks inside a forked test child, where gtest's assertions cannot report: a failed check ends
 // the child with the line number as its exit status, which the parent's wait_child() returns.
 #pragma once

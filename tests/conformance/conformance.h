@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What the conformance tests share: a fixture owning one cache over the counting backend, the
 // peers' helpers in the C API's terms (get that checks what it returns, get-and-put returning
 // the key), guarded page allocations, and a runner for the peers' multithreaded scenarios.

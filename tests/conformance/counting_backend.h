@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The conformance suite's registration engine: a plugin written against mrc_backend_t alone. It
 // counts registrations and deregistrations, hands out serial keys (1, 2, 3, ... per backend,
 // never reused), records every range it registered, and fails on demand with a status the test

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Where mrcache deliberately differs from UCX's rcache and libfabric's MR cache: each test pins
 // mrcache's behaviour and names the peers' (the smaller differences are pinned beside the
 // scenario they change, in ucx_rcache_*.cc and libfabric_test.cc).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // libfabric's MR cache, its one concurrent behaviour: util_mr_cache_create registers outside the
 // cache's lock and, when another thread inserted an entry for the same range meanwhile, drops
 // its own and searches again (-FI_EAGAIN), so concurrent misses end with one cached entry.

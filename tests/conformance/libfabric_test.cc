@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // libfabric's MR cache: the scenarios of fabtests/unit/mr_cache_evict.c and
 // fabtests/functional/unmap_mem.c, and the behaviours of prov/util/src/util_mr_cache.c
 // (ofi_mr_cache_search, ofi_mr_cache_notify, ofi_mr_cache_flush, ofi_mr_cache_delete,

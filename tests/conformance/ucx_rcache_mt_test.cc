@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // UCX's rcache suite (test/gtest/ucs/test_rcache.cc), its multithreaded scenarios: each UCX
 // UCS_MT_TEST_F body runs on the same number of threads at once, every thread on memory of its
 // own unless the scenario shares it. Besides UCX's own checks, every region a thread receives for

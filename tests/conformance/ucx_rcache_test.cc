@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // UCX's rcache suite (test/gtest/ucs/test_rcache.cc), its single-threaded scenarios, in the terms
 // of mrcache's C API. UCX's region id is our key (the counting backend's serial); its
 // `num_regions` and stats counters are mrc_cache_stats fields. The multithreaded scenarios are

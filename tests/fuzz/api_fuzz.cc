@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "api": a program of C API calls read from the input. Each input creates a cache
 // over a plugin backend, maps a few areas (private and shared), then runs operations chosen by
 // the input: mrc_get / mrc_get_aligned with fuzzed ranges, protections and alignments (valid and

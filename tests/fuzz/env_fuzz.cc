@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "env": the MRC_* environment parser. An input is lines "NAME=value" (a line
 // "NAME" alone unsets it; a NUL ends a value, as it would in a real environment). Known names
 // are the variables the library reads (README, "Configuration"); a line naming no known

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Reads a fuzz input as a stream of choices. Past the end every read returns 0, so any input,
 // however short, is a complete program. (libFuzzer's FuzzedDataProvider is clang's only: the
 // targets also build with GCC, for the replay tests.)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "monitor": a program of public monitor calls (include/mrcache/monitor.h) read from
 // the input. Each input opens a monitor (one-shot or not), maps a few areas, then runs
 // operations chosen by the input: subscribe and unsubscribe of fuzzed ranges (inside the areas,

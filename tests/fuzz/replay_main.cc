@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A main() for a fuzz target built without libFuzzer: runs LLVMFuzzerTestOneInput once on each
 // file named, and on every file of each directory named. After --prefix=P, files found in the
 // directories named next count only when their name starts with P (regressions/ holds every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "segment": every structure a segment domain reads from shared memory, written by a
 // hostile or broken peer (docs/DESIGN.md, "Shared segments": shared memory is input).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The dynamic symbol table of libmrcache.so.
 #
 # usage: check_symbols.sh only-mrc LIBMRCACHE_SO

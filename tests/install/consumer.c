@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* A program from outside the project: it sees only the installed <mrcache/mrcache.h> and links
  * the installed libmrcache (shared or static). Built by install_test.sh through pkg-config and
  * through find_package(mrcache). Exit 0 when every check holds. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A C++ program from outside the project: the installed C API (and the C++ layer when it is
 // installed) used the way a C++ runtime would. Built by install_test.sh through pkg-config and
 // through find_package(mrcache). Exit 0 when every check holds.

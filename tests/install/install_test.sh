@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Installs a build of mrcache into a fresh prefix and builds programs against the INSTALLED tree
 # only: the C and the C++ consumer, linked shared and static, once through pkg-config and once
 # through find_package(mrcache) (a C+C++ project and a C-only one). Each program runs; shared

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Installs the whole build, library and programs, into a fresh prefix (cmake --install --prefix)
 # and into a staging tree (DESTDIR), and runs every installed program (--help) from each tree with
 # no LD_LIBRARY_PATH: a program must start, and one that needs libmrcache.so must load the one of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* Loads libmrcache.so with dlopen, as a plugin of a runtime does (libmrcache-fi.so, an MPI
  * component): its thread-local block must fit glibc's static TLS surplus. */
 #include <dlfcn.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /* A libfabric program that is not mrcache's: it initialises libfabric (fi_getinfo), then tries
  * to import a monitor of its own and prints what libfabric answered. With "first" it imports its
  * own monitor before libfabric initialises, so that a plugin's import comes second. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // libmrcache-fi.so loaded by libfabric into a program that is not mrcache's
 // (fi_init_probe.c): libfabric takes the import and says so; a later import is refused; an
 // import that comes second says why and changes nothing; MRC_FI_MONITOR=off imports nothing.

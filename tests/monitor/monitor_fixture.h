@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What the public monitor's tests share: a monitor opened over a recording notify.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The public monitor's contract (include/mrcache/monitor.h): subscriptions, delivery, validity,
 // one-shot subscriptions, the delivery thread, calls from notify, and bad input.
 #include <sys/ipc.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The node pool's huge chunks when the kernel refuses MADV_HUGEPAGE (no transparent huge pages,
 // a seccomp filter, an old kernel): the advice is only advice, so the chunks must serve nodes as
 // usual. A program of its own: it replaces madvise() for everything it links.

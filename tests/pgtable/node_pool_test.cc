@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The page table's node pool: unlinked nodes come back only after the readers that might have
 // seen them are gone, churn reuses nodes instead of growing, and a table may die while its
 // nodes still wait for readers.

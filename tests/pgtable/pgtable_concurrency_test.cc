@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Readers hammer lookups and range walks under guards while one writer inserts and removes.
 // Checked: a reader never returns a region whose removal completed before its lookup began;
 // nothing a reader holds is reclaimed under it (regions are poisoned on reclaim, nodes are freed

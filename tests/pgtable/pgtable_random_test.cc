@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Randomized differential test: the page table against a std::map model, over several seeds,
 // fanouts and address layouts; more than 10^6 operations in all.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Boundary cases of the radix page table, for several fanouts.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # check-rxe-vm.sh: self-check of scripts/rxe-vm.sh (no ctest: it boots a dozen guests, about 3
 # minutes under TCG). Run as root after `scripts/rxe-vm.sh setup`:
 #   tests/rxe/check-rxe-vm.sh

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rxe_selfcheck: proves that the rxe guest can do what the verbs tests need, independently of
 // mrcache: ibv_reg_mr, RC queue pairs, and RDMA READ that returns the current contents of the
 // registered pages, and a remote key that is refused when it is wrong.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Shared memory is input (docs/DESIGN.md, "Shared segments: shared memory is input"): values
 // scribbled into the directory, the client table, a heap header or a memfd a peer sends are
 // refused with MRC_ERR_IO (the field named in mrc_last_error()) and nothing outside the window

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // kill -9 of a helper process at random moments, over and over: the next process recovers
 // the domain lock and the heap lock within a second and finds everything consistent.
 // MRC_SEG_KILLS: how many kills (1,000 in the default suite, 10,000 under the slow label).

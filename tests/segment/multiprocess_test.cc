@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Shared segments across real processes (fork + exec of seg_helper): create/join at one address,
 // 64 racing creators, kill -9 inside the domain and heap locks, pid reuse, a heap used by
 // several processes, last-out teardown, refusals seen from a joiner, memfd over SCM_RIGHTS.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Registered segments: the whole segment registered through a cache, heap allocations with their
 // key, and invalidation of the registration when a segment is closed (its pages unmapped), seen
 // by the monitor. The null backend's key is a serial number never reused, so a stale

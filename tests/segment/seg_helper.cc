@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // seg_helper: the other process of the multi-process segment tests (fork + exec'd by them).
 //
 //   seg_helper COMMAND key=value...

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Test utilities for shared segments: unique prefixes, /dev/shm clean-up, and real helper
 // processes (fork + exec of seg_helper) talking over pipes.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Shared segments inside one process: parameters and names, create/open/close, the page bitmap,
 // the heap, descriptions, refusals (hostile headers, foreign owners, occupied windows), join
 // timeouts, NUMA, huge pages and memfd segments.

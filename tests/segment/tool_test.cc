@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-seg against live domains: show (text and JSON), scan, repair, remove NAME, remove --all,
 // and its exit codes.
 #include <fcntl.h>

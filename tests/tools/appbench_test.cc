@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-appbench as a user runs it: bad arguments are usage errors, a short run measures every
 // path and writes a report whose ratios follow from its raw figures, and a trial that runs too
 // long is killed and reported instead of hanging the run.

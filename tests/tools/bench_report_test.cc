@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-bench-report on a small Google Benchmark JSON: the pairing convention, the ratios,
 // medians of repetitions, and the plot data.
 #include <sys/stat.h>

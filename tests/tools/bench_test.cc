@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-bench as a user runs it: Google Benchmark's flags are checked before any benchmark runs
 // (values it would take on trust hang, abort, or print the usage and exit 0), a malformed MRC_*
 // variable is named instead of an abort, a filter that matches nothing fails, and standard output

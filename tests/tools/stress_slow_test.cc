@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A minute of mrcache-stress with the defaults (label slow; the 10-minute run of the issue is
 // `mrcache-stress -d 10m`), and the proof that its churn threads reach the unmap window.
 #include <unistd.h>

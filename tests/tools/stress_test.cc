@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-stress and mrcache-info as a user runs them: short runs that must pass (in exact mode,
 // the default, and in fast mode), a run with injected failures that must end cleanly, and a
 // deliberately blind monitor that the oracle must catch in either mode (the proof that the oracle

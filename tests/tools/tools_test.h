@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Helpers for the tests of the command-line tools: run a program, capture its output and exit
 // status, read its JSON summary.
 #pragma once

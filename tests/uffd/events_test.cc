@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Every way memory goes away reaches a subscription as a record, in every monitor mode; and the
 // kinds of memory each mode can or cannot watch.
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Shared fixtures of the uffd tests: a subscribed test, and the scale of stress loops.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor thread runs none of the program's code: a libc function that the program
 // interposes (an I/O profiler or a socket accelerator preloaded into an application; here the
 // test program's own read and ioctl) never runs on it. In MISSING mode a fault such code took on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The monitor's life: start/stop/restart, modes and reasons, overflow, fork, seccomp, and the
 // test-only switches.
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The invalidation queue on its own: records, lapping, the pending protocol, many readers.
 #include <gtest/gtest.h>
 

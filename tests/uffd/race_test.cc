@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The invariant under concurrency: once munmap has returned, a subscription that trusts its page
 // table (quiescent()) has applied the record of that munmap.
 #include <sys/mman.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Watching: whole mappings are registered (never a part of an application's VMA), counted
 // watches, idle mappings kept registered up to a limit, what unmaps and moves do to the watch
 // table, the unmap window, the VMA budget, memory that cannot be watched, and the mapping

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The driver (driver.h).
 #include "tools/appbench/driver.h"
 

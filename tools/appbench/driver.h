@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The driver: runs every trial in a fresh process, alternating the paths within each
 // repetition, and collects the figures for the report.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-appbench: what an application sees of its registration cache. Application workloads
 // (fresh buffers per message, pools, pools beside allocator churn, halo exchanges; workloads.h)
 // through mrcache (exact and fast mode), UCX's ucs_rcache (where libucx-dev was installed at

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Engines and paths of the application benchmark (paths.h).
 #include "tools/appbench/paths.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The registration paths an application can take, over one registration engine: mrcache (exact
 // or fast mode), UCX's ucs_rcache (loaded only in its own trials), or no cache at all.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The report (report.h).
 #include "tools/appbench/report.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The report of a run: a Markdown table per engine and binding (medians and per-repetition
 // ratios), the raw figures as JSON, and the data files of the plot (scripts/appbench.gp).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One trial in this process (trial.h).
 #include "tools/appbench/trial.h"
 

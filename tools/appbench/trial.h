@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One trial: one workload on one path and engine, in a process of its own (the driver starts
 // it), printing its figure as one JSON line on stdout.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The application workloads (workloads.h).
 #include "tools/appbench/workloads.h"
 

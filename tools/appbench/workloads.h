@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The application workloads: what a runtime's user does between registrations (allocate, touch,
 // pack, free), with the registration path the trial chose in the middle of it.
 #pragma once

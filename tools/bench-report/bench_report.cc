@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-bench-report: turns mrcache-bench's Google Benchmark JSON into a Markdown table of
 // figures and mrcache/UCX ratios, and the data files scripts/bench-report.gp plots.
 //

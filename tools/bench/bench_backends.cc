@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Registration + deregistration cost per backend and size: what a cache hit saves.
 //
 //   mrcache-bench --benchmark_filter=Backend

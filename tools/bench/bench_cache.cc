@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The cache's hit and miss paths, and the same workloads on UCX's ucs_rcache in the same run
 // when libucx-dev is installed (MRC_HAVE_UCX). Both use a registration that does nothing, so
 // the figures are the caches' own cost.

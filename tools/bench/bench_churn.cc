@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What churn learning costs a buffer that stops churning (docs/DESIGN.md, "Churn"): an address
 // whose buffers were each a new mapping for a number of messages, then one buffer that stays.
 // Each iteration creates a cache over the io_uring engine, maps, gets, puts and unmaps a buffer

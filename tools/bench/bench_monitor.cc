@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The userfaultfd monitor's costs, with the references they are judged against, in one run:
 //
 //   BM_MonitorPipePingPong/place:P      one round trip between two threads over two pipes (one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The page table and the epoch guard, against UCX's ucs_pgtable in the same run.
 //
 //   mrcache-bench --benchmark_filter='Pgt|Epoch'

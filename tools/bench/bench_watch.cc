@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Watching memory (mrc::uffd::watch/unwatch) and what a watched mapping costs the application:
 //
 //   BM_WatchArmed                 watch() of a page in a mapping that is already registered.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-bench's main: Google Benchmark's, after checks of what it would take on trust.
 //
 // Google Benchmark (1.7) parses its own flags and takes much on trust: a --benchmark_min_time or

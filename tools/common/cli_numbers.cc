@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The tools' numeric validators (cli_numbers.h).
 #include "tools/common/cli_numbers.h"
 

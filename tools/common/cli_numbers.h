@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Validators for the tools' numeric command-line options. CLI11 (2.1) converts "-1" to an
 // unsigned 64-bit option by wrapping it to 2^64-1 (strtoull), accepts "nan" and "inf" for
 // doubles, and its CLI::Range lets NaN through (NaN compares false with both bounds). Every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The check of standard output at exit (stdout_check.h).
 //
 // SYNCHRONIZATION: main sets the program's name and status before any other thread exists; the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Standard output that could not be written is an error of the program: `mrcache-info >
 // /dev/full` must not exit 0 with its report lost. stdio keeps a failed write in the stream's
 // error flag, and the final flush that exit() does reports to nobody; so every tool checks its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What the driver and its two processes (sender, receiver) share: the run's configuration, the
 // names of the scenarios and operations, and the message numbering both sides derive from it.
 #pragma once

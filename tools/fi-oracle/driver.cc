@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/fi-oracle/driver.h"
 
 #include <dirent.h>

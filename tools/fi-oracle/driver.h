@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The driver: runs the plan in a receiver and a sender process (fork, before anything touches
 // libfabric), collects their per-message lines, ends them when they are done, when a process
 // reported an error, or when nothing happened for too long (a hang: both processes are killed,

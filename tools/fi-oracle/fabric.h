@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One FI_EP_RDM endpoint of verbs;ofi_rxm on one domain (an rxe device), with its own address
 // vector and one completion queue for sends, receives and RMA. No FI_MR_LOCAL: ofi_rxm registers
 // the application's buffers itself, through the verbs domain and so through libfabric's MR cache.

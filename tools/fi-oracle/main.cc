@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-fi-oracle: proves, through libfabric's own MR cache, whether the memory monitor in use
 // lets that cache hand out registrations of memory that is gone. A plain libfabric program: it
 // does not link libmrcache; the monitor is whatever the environment selects

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The sender's buffer and the scenarios that change the memory under it (config.h, Scenario).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // How many memory registrations this process made: the oracle's own definitions of
 // ibv_reg_mr and ibv_reg_mr_iova2 (exported from the executable, so they come first in the
 // global scope where libfabric's verbs provider looks them up) count each call, then pass it on

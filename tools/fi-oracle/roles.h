@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The two processes of a run. Each opens its endpoint, trades addresses with the other over
 // `oob` (one end of a socketpair the driver made), then walks the plan (config.h) in lockstep:
 // the sender changes its buffer, stamps it, sends or writes it (or reads into it), and waits for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The pattern a message carries in every 8-byte word: its number, its (op, scenario) and the
 // word's index mixed with the run's nonce. A word decodes as the current stamp, the stamp of an
 // older message of this run (the bytes of memory that is gone: stale), or neither (corrupt).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-info: what mrcache would do on this machine, and why. The version, the effective
 // configuration (every MRC_* variable with its value and unit), the monitor mode and what a
 // better one would need, the registration engines available, the kernel limits that matter.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-mpi bench: what a runtime's rendezvous protocol does for every large message. The
 // sender (even ranks) (re)allocates its buffer every k messages, fills it, registers it
 // through one path, and sends its address and key; the receiver (the next rank) RDMA READs it

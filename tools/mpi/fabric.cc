@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/mpi/fabric.h"
 
 #include <sched.h>

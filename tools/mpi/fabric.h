@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The RDMA side of mrcache-mpi: one device, one protection domain, and reliable-connected queue
 // pairs to every other rank, connected by exchanging their addresses over MPI.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A registration backend in front of mrcache's verbs backend that remembers the remote keys it
 // handed out: which are live, and the latest ones deregistered, so that the stress can have a
 // peer try them (a key that still works after its deregistration lets another node into

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-mpi: the cache across nodes, with remote peers as the oracle.
 //
 //   mpirun -np N [--host a,b] mrcache-mpi stress [--path exact|fast] [--seconds S] ...

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/mpi/paths.h"
 
 #include <infiniband/verbs.h>

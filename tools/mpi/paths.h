@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // How a rank registers the memory it exposes to its peers: through mrcache (the exact default
 // or the fast opt-in), UCX's ucs_rcache (loaded only in the runs that use it), or no cache
 // (ibv_reg_mr and ibv_dereg_mr for every message). Every path registers through one KeyLedger,

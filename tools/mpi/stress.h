@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-mpi stress: every rank changes the memory under its own buffers (free and allocate
 // again, mmap MAP_FIXED over them, madvise, mremap, fork) and exposes them through the cache;
 // a peer on another rank (another node, or its own) then RDMA READs them, checking the stamps

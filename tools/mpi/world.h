@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Where a rank is: its number, the number of ranks, and the number of nodes they run on.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-seg: list, inspect, scan, repair and remove shared-segment domains (like VPP's
 // svmtool).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The registration engine under test and the plugin the harness puts in front of it.
 #pragma once
 

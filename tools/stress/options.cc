@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/stress/options.h"
 
 #include "tools/common/cli_numbers.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/stress/oracle.h"
 
 #include <sys/mman.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Oracles: independent proof that a region the cache handed out maps the memory there now.
 //
 // Every oracle works on stamps: 16 fresh bytes written into the range right before the check,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The pool of mappings that workers register and mutators change under them.
 //
 // SYNCHRONIZATION

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Counting, the progress line, the summary table and the JSON summary.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-stress: workers get/check/put random ranges of a pool of mappings while mutators
 // change those mappings; an oracle proves every region handed out maps the memory there now.
 //

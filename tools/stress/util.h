@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Small pieces the stress harness shares: a seeded random generator, clocks, sizes, the
 // process's resources (for the leak check) and a writer-preferring reader/writer lock.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The verbs side of the harness: opening the RDMA device and the rdma oracle (an RDMA READ of
 // each stamp through the region's rkey, on an RC queue pair connected to itself).
 #include <infiniband/verbs.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A build without rdma-core (MRC_WITH_VERBS=OFF): no device, no rdma oracle.
 #include "tools/stress/backend.h"
 #include "tools/stress/oracle.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The interface of mrcache-ucx-rcache.so, the module that holds UCX's ucs_rcache for the tools
 // that compare against it (mrcache-appbench, mrcache-mpi). They dlopen() it (loader.h) only in
 // the runs that use UCX: loading libucs/libucm patches libc's memory calls for the rest of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "tools/ucx-rcache/loader.h"
 
 #include <dlfcn.h>

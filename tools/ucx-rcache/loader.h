@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // UCX's ucs_rcache, loaded from mrcache-ucx-rcache.so on first use (api.h says why a module).
 //
 // THREADS: one instance is used by one thread at a time, as ucs_rcache is by the tools.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mrcache-ucx-rcache.so: UCX's ucs_rcache over an mrcache backend table (api.h). Built only
 // where libucx-dev is installed.
 #include <stdio.h>
