@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "env": the MRC_* environment parser. An input is lines "NAME=value" (a line
 // "NAME" alone unsets it; a NUL ends a value, as it would in a real environment). Known names
-// are the variables the library reads (README, "Configuration"); a line naming no known
+// are the variables the library reads (docs/configuration.md); a line naming no known
 // variable is skipped. Then:
 //   - mrc_cache_params_init_checked must return MRC_OK or MRC_ERR_INVALID, and on
 //     MRC_ERR_INVALID name a variable in its message;
