@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The C API keeps its word (issue 17): misuse the header names is refused with a status and a
+// The C API keeps its word: misuse the header names is refused with a status and a
 // reason, or, where a call returns nothing (mrc_put), with a message at MRC_LOG_ERROR through the
 // log handler; never a silent corruption, never a print of its own.
 #include <sys/mman.h>

@@ -147,7 +147,7 @@ TEST(Config, BadBooleanAndPfnValues) {
   }
 }
 
-// Issue 17: MRC_MONITOR, MRC_LOG_LEVEL and MRC_STATS were not checked, and only the last of
+// MRC_MONITOR, MRC_LOG_LEVEL and MRC_STATS were once not checked, and only the last of
 // several malformed variables was named. Every one is reported, in errbuf and mrc_last_error().
 TEST(Config, EveryMalformedVariableIsReported) {
   EnvVar monitor("MRC_MONITOR", "garbage");

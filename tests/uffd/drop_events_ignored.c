@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /* MRC_TEST_DROP_EVENTS=1 in the environment of a program linked against libmrcache alone (not a
  * test program): the library must ignore it. It used to read the variable itself, so a variable
- * left set made the release library hand out stale registrations silently (issue 17). Run by
+ * left set made the release library hand out stale registrations silently. Run by
  * ctest with the variable set; exit 77 = skipped (no userfaultfd here). */
 #define _GNU_SOURCE
 #include <stdint.h>

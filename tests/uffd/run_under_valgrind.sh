@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-3-Clause
 # Runs PROGRAM under valgrind and fails if it does not finish in time (the first cache used to
-# hang under valgrind: issue 17). Exit 77 (skipped) without valgrind.
+# hang under valgrind). Exit 77 (skipped) without valgrind.
 # usage: run_under_valgrind.sh PROGRAM [SECONDS]
 program=$1
 limit=${2:-120}

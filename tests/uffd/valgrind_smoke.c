@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /* A small program for valgrind: the first cache, a get, a munmap under a cached region, a get of
  * new memory, destroy. Under valgrind the monitor thread and valgrind's global lock used to
- * deadlock at the first cache (issue 17); the library now detects valgrind and picks a mode that
+ * deadlock at the first cache; the library now detects valgrind and picks a mode that
  * works, saying why in one log line and in mrc_monitor_info's reason. */
 #define _GNU_SOURCE
 #include <stdint.h>

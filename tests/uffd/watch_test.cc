@@ -449,7 +449,7 @@ TEST_F(Watch, ARegistrationRacingAnUnmapDoesNotClaimTheHole) {
   unmap_alone(p, 16 * page);
 }
 
-// The decision (issue 4): a watch never waits for unmaps in flight. Until the monitor has read
+// The decision: a watch never waits for unmaps in flight. Until the monitor has read
 // another thread's munmap, a watch of new memory mapped at the same address is answered from the
 // old registration, without a syscall; the record, once drained, cuts that registration out of
 // the table (and invalidates what a cache holds there), and the next watch registers.

@@ -297,7 +297,7 @@ std::string goals(const std::map<std::string, Figure> &figures) {
           scaling(f), fixed(scaling(f)), NAN, true);
     }
   }
-  // Issue 18's goal for a new mapping's first get, in its two cases: a mapping never seen (the
+  // The goal for a new mapping's first get, in its two cases: a mapping never seen (the
   // watch: two PROCMAP_QUERYs and a UFFDIO_REGISTER, whatever UCX pays) and a buffer re-mapped
   // at the same address for every message (learned to churn: registered uncached).
   for (const auto &[what, ours_figure, ucx_figure] :
