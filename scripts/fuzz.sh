@@ -25,6 +25,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/build.sh"
 mrc_build_dir=${MRC_FUZZ_BUILD_DIR:-$mrc_repo/build-fuzz}
 mrc_parse_args "$@"
 
+# The targets, each with its settings: a target is known exactly when it has them all.
+known_targets=(api env segment monitor)
+declare -A max_len=([api]=1024 [env]=512 [segment]=256 [monitor]=1024)
+# Programs of operations (api, monitor) and lists of corruptions (segment) say more when long:
+# no slow growth of the input length from a few bytes (libFuzzer's default -len_control=100).
+declare -A len_control=([api]=0 [env]=100 [segment]=0 [monitor]=0)
+
 seconds=${MRC_FUZZ_SECONDS:-90}
 # shellcheck disable=SC2206
 targets=(${MRC_FUZZ_TARGETS:-})
@@ -34,12 +41,18 @@ while (($#)); do
   case $1 in
     -t) seconds=$2; shift 2 ;;
     -t*) seconds=${1#-t}; shift ;;
-    api | env | segment | monitor) chosen+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    -*) echo "fuzz.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    *) chosen+=("$1"); shift ;;
   esac
 done
 ((${#chosen[@]})) && targets=("${chosen[@]}")
-((${#targets[@]})) || targets=(api env segment monitor)
+((${#targets[@]})) || targets=("${known_targets[@]}")
+for t in "${targets[@]}"; do
+  if [[ -z ${max_len[$t]:-} ]]; then
+    echo "fuzz.sh: unknown target: $t (known: ${known_targets[*]})" >&2
+    exit 2
+  fi
+done
 if ! [[ $seconds =~ ^[1-9][0-9]*$ ]]; then
   echo "fuzz.sh: -t: '$seconds' is not a whole number of seconds > 0" >&2
   exit 2
@@ -75,10 +88,6 @@ clean_shm() {
   done
 }
 
-declare -A max_len=([api]=1024 [env]=512 [segment]=256 [monitor]=1024)
-# Programs of operations (api, monitor) and lists of corruptions (segment) say more when long:
-# no slow growth of the input length from a few bytes (libFuzzer's default -len_control=100).
-declare -A len_control=([api]=0 [env]=100 [segment]=0 [monitor]=0)
 # shellcheck disable=SC2206
 extra=(${MRC_FUZZ_ARGS:-})
 failed=()
