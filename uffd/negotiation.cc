@@ -134,19 +134,160 @@ Wanted wanted_mode(const char *value) noexcept {
   return wanted;
 }
 
+// What MRC_MONITOR (`env`) asks for. A value it does not understand goes into the reason, with
+// the values it does.
+Wanted read_wanted(const char *env, Text *why) noexcept {
+  const Wanted wanted = wanted_mode(env);
+  if (!wanted.understood) {
+    why->add("MRC_MONITOR=%s not understood (%s", env, detail::kAutoModeSetting);
+    for (const detail::ModeSpelling &spelling : detail::kModeSpellings)
+      why->add(", %s", spelling.setting);
+    why->add("); ");
+  }
+  return wanted;
+}
+
+// The features a userfaultfd of any kind offers. false, with the reason, when none opens or the
+// kernel lacks the events every mode needs.
+bool probe_features(uint64_t *offered, Text *why) noexcept {
+  char failures_buf[192] = "";
+  Text failures{failures_buf, sizeof(failures_buf)};
+  Opened opened = open_uffd(true, &failures);
+  if (opened.fd >= 0 && !uffd_api(opened.fd, 0, offered)) {
+    failures.add("UFFDIO_API: %s; ", strerrorname_np(errno));
+    close(opened.fd);
+    opened.fd = -1;
+  }
+  if (opened.fd < 0) {
+    why->add(
+        "userfaultfd unavailable (%s) (seccomp, vm.unprivileged_userfaultfd=0 or a kernel "
+        "without it); every get registers, the last put deregisters",
+        failures.trimmed());
+    return false;
+  }
+  close(opened.fd);
+  if ((*offered & kRequiredEvents) != kRequiredEvents) {
+    why->add("the kernel's userfaultfd lacks UNMAP/REMAP/REMOVE events (features %#" PRIx64
+             "); every get registers, the last put deregisters",
+             *offered);
+    return false;
+  }
+  return true;
+}
+
+struct Candidate {
+  mrc_monitor_mode_t mode;
+  uint64_t needs;
+  uint64_t register_mode;
+};
+
+// Best first, as kModeSpellings lists them.
+constexpr Candidate kCandidates[] = {
+    {MRC_MONITOR_WP_ASYNC, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+     UFFDIO_REGISTER_MODE_WP},
+    {MRC_MONITOR_WP, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFDIO_REGISTER_MODE_WP},
+    {MRC_MONITOR_MISSING, 0, UFFDIO_REGISTER_MODE_MISSING},
+};
+
+// The features to enable for `mode`: the events, plus write-protection of shmem and hugetlbfs
+// where the kernel offers it.
+uint64_t features_to_request(mrc_monitor_mode_t mode, uint64_t offered) noexcept {
+  const uint64_t wp_shmem = offered & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+  uint64_t request = kRequiredEvents;
+  if (mode == MRC_MONITOR_WP_ASYNC) request |= UFFD_FEATURE_WP_ASYNC | wp_shmem;
+  if (mode == MRC_MONITOR_WP) request |= wp_shmem;
+  return request;
+}
+
+// Tries one mode for real: a userfaultfd of its own, its features enabled, a scratch page
+// registered. On success fills *result (the fd is its) and *how; otherwise adds why to *failures.
+bool try_mode(const Candidate &candidate, uint64_t offered, Negotiated *result, const char **how,
+              Text *failures) noexcept {
+  const char *name = detail::mode_name(candidate.mode);
+  if ((offered & candidate.needs) != candidate.needs) {
+    failures->add("%s: kernel lacks %s; ", name,
+                  candidate.mode == MRC_MONITOR_WP_ASYNC ? "UFFD_FEATURE_WP_ASYNC (6.7)"
+                                                         : "write-protect support (5.7)");
+    return false;
+  }
+  // MISSING mode needs the kernel's own accesses to fault through us too: with
+  // UFFD_USER_MODE_ONLY a read(2) or an ibv_reg_mr on an untouched watched page would fail
+  // with EFAULT instead of waiting for the zero page.
+  const bool user_mode_only_ok = candidate.mode != MRC_MONITOR_MISSING;
+  Opened fd = open_uffd(user_mode_only_ok, failures);
+  if (fd.fd < 0) return false;
+  uint64_t granted = 0;
+  int error = 0;
+  if (!uffd_api(fd.fd, features_to_request(candidate.mode, offered), &granted)) {
+    failures->add("%s: UFFDIO_API %s; ", name, strerrorname_np(errno));
+    close(fd.fd);
+    return false;
+  }
+  if (!probe_registration(fd.fd, candidate.register_mode, &error)) {
+    failures->add("%s: UFFDIO_REGISTER %s; ", name, strerrorname_np(error));
+    close(fd.fd);
+    return false;
+  }
+  result->mode = candidate.mode;
+  result->fd = fd.fd;
+  result->features = granted;
+  result->register_mode = candidate.register_mode;
+  *how = fd.how;
+  return true;
+}
+
+// The reason for the mode chosen: what it watches, how the fd was got, whether the unmap probe
+// answers, and what failed before it.
+void record_chosen(const Wanted &wanted, const char *env, const char *how, Text *failures,
+                   Negotiated *result, Text *why) noexcept {
+  switch (result->mode) {
+    case MRC_MONITOR_WP_ASYNC:
+      why->add(
+          "%s with UFFD_FEATURE_WP_ASYNC: write-protect-only registration watches any "
+          "mapping and never faults",
+          how);
+      break;
+    case MRC_MONITOR_WP:
+      why->add(
+          "%s, write-protect-only registration: anonymous, shmem and hugetlbfs memory; "
+          "file mappings need UFFD_FEATURE_WP_ASYNC (Linux 6.7)",
+          how);
+      break;
+    default:
+      why->add(
+          "%s, MISSING mode: the monitor resolves every fault in watched mappings with a "
+          "zero page; private anonymous memory only (write-protect mode needs Linux 5.7)",
+          how);
+      break;
+  }
+  if (!wanted.automatic) why->add(" (MRC_MONITOR=%s)", env);
+  // Nothing is watched yet, so nothing can be in flight: any answer but Clear means the
+  // kernel (or a sandbox) refuses the probe, and exact caches must not trust their tables.
+  result->probe_ok = probe_mmap_changing(result->fd) == ProbeAnswer::Clear;
+  why->add(result->probe_ok ? "; exact gets: one unmap probe (UFFDIO_ZEROPAGE) each"
+                            : "; the kernel refuses the unmap probe (UFFDIO_ZEROPAGE): exact "
+                              "caches register every get anew");
+  if (failures->used > 0) why->add("; tried first: %s", failures->trimmed());
+}
+
+// The reason when no mode (or not the one MRC_MONITOR forces) works: what each attempt met.
+void record_none_works(const Wanted &wanted, const char *env, Text *failures, Text *why) noexcept {
+  if (!wanted.automatic) {
+    why->add("MRC_MONITOR=%s cannot run here (%s); every get registers, the last put deregisters",
+             env, failures->trimmed());
+  } else {
+    why->add("no userfaultfd mode works (%s); every get registers, the last put deregisters",
+             failures->trimmed());
+  }
+}
+
 }  // namespace
 
 Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   Negotiated result;
   Text why{reason, reason_len};
   const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe): no setenv here
-  const Wanted wanted = wanted_mode(env);
-  if (!wanted.understood) {
-    why.add("MRC_MONITOR=%s not understood (%s", env, detail::kAutoModeSetting);
-    for (const detail::ModeSpelling &spelling : detail::kModeSpellings)
-      why.add(", %s", spelling.setting);
-    why.add("); ");
-  }
+  const Wanted wanted = read_wanted(env, &why);
   if (!wanted.automatic && wanted.mode == MRC_MONITOR_UNCACHED) {
     why.add("MRC_MONITOR=%s: no userfaultfd; every get registers, the last put deregisters", env);
     return result;
@@ -162,119 +303,24 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
         how);
     return result;
   }
+  uint64_t offered = 0;
+  if (!probe_features(&offered, &why)) {
+    result.unavailable = true;
+    return result;
+  }
 
   char failures_buf[192] = "";
   Text failures{failures_buf, sizeof(failures_buf)};
-  Opened opened = open_uffd(true, &failures);
-  uint64_t offered = 0;
-  if (opened.fd >= 0 && !uffd_api(opened.fd, 0, &offered)) {
-    failures.add("UFFDIO_API: %s; ", strerrorname_np(errno));
-    close(opened.fd);
-    opened.fd = -1;
-  }
-  if (opened.fd < 0) {
-    result.unavailable = true;
-    why.add(
-        "userfaultfd unavailable (%s) (seccomp, vm.unprivileged_userfaultfd=0 or a kernel "
-        "without it); every get registers, the last put deregisters",
-        failures.trimmed());
-    return result;
-  }
-  close(opened.fd);
-  if ((offered & kRequiredEvents) != kRequiredEvents) {
-    result.unavailable = true;
-    why.add("the kernel's userfaultfd lacks UNMAP/REMAP/REMOVE events (features %#" PRIx64
-            "); every get registers, the last put deregisters",
-            offered);
-    return result;
-  }
-
-  struct Candidate {
-    mrc_monitor_mode_t mode;
-    uint64_t needs;
-    uint64_t register_mode;
-  };
-  const uint64_t wp_shmem = offered & UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
-  const Candidate all[] = {
-      {MRC_MONITOR_WP_ASYNC, UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_PAGEFAULT_FLAG_WP,
-       UFFDIO_REGISTER_MODE_WP},
-      {MRC_MONITOR_WP, UFFD_FEATURE_PAGEFAULT_FLAG_WP, UFFDIO_REGISTER_MODE_WP},
-      {MRC_MONITOR_MISSING, 0, UFFDIO_REGISTER_MODE_MISSING},
-  };
-  failures.used = 0;
-  failures_buf[0] = '\0';
-  for (const Candidate &candidate : all) {
+  for (const Candidate &candidate : kCandidates) {
     if (!wanted.automatic && candidate.mode != wanted.mode) continue;
-    const char *name = detail::mode_name(candidate.mode);
-    if ((offered & candidate.needs) != candidate.needs) {
-      failures.add("%s: kernel lacks %s; ", name,
-                   candidate.mode == MRC_MONITOR_WP_ASYNC ? "UFFD_FEATURE_WP_ASYNC (6.7)"
-                                                          : "write-protect support (5.7)");
-      continue;
+    const char *how = "";
+    if (try_mode(candidate, offered, &result, &how, &failures)) {
+      record_chosen(wanted, env, how, &failures, &result, &why);
+      return result;
     }
-    // MISSING mode needs the kernel's own accesses to fault through us too: with
-    // UFFD_USER_MODE_ONLY a read(2) or an ibv_reg_mr on an untouched watched page would fail
-    // with EFAULT instead of waiting for the zero page.
-    const bool user_mode_only_ok = candidate.mode != MRC_MONITOR_MISSING;
-    Opened fd = open_uffd(user_mode_only_ok, &failures);
-    if (fd.fd < 0) continue;
-    uint64_t request = kRequiredEvents;
-    if (candidate.mode == MRC_MONITOR_WP_ASYNC) request |= UFFD_FEATURE_WP_ASYNC | wp_shmem;
-    if (candidate.mode == MRC_MONITOR_WP) request |= wp_shmem;
-    uint64_t granted = 0;
-    int error = 0;
-    if (!uffd_api(fd.fd, request, &granted)) {
-      failures.add("%s: UFFDIO_API %s; ", name, strerrorname_np(errno));
-      close(fd.fd);
-      continue;
-    }
-    if (!probe_registration(fd.fd, candidate.register_mode, &error)) {
-      failures.add("%s: UFFDIO_REGISTER %s; ", name, strerrorname_np(error));
-      close(fd.fd);
-      continue;
-    }
-    result.mode = candidate.mode;
-    result.fd = fd.fd;
-    result.features = granted;
-    result.register_mode = candidate.register_mode;
-    switch (candidate.mode) {
-      case MRC_MONITOR_WP_ASYNC:
-        why.add(
-            "%s with UFFD_FEATURE_WP_ASYNC: write-protect-only registration watches any "
-            "mapping and never faults",
-            fd.how);
-        break;
-      case MRC_MONITOR_WP:
-        why.add(
-            "%s, write-protect-only registration: anonymous, shmem and hugetlbfs memory; "
-            "file mappings need UFFD_FEATURE_WP_ASYNC (Linux 6.7)",
-            fd.how);
-        break;
-      default:
-        why.add(
-            "%s, MISSING mode: the monitor resolves every fault in watched mappings with a "
-            "zero page; private anonymous memory only (write-protect mode needs Linux 5.7)",
-            fd.how);
-        break;
-    }
-    if (!wanted.automatic) why.add(" (MRC_MONITOR=%s)", env);
-    // Nothing is watched yet, so nothing can be in flight: any answer but Clear means the
-    // kernel (or a sandbox) refuses the probe, and exact caches must not trust their tables.
-    result.probe_ok = probe_mmap_changing(fd.fd) == ProbeAnswer::Clear;
-    why.add(result.probe_ok ? "; exact gets: one unmap probe (UFFDIO_ZEROPAGE) each"
-                            : "; the kernel refuses the unmap probe (UFFDIO_ZEROPAGE): exact "
-                              "caches register every get anew");
-    if (failures.used > 0) why.add("; tried first: %s", failures.trimmed());
-    return result;
   }
   result.unavailable = true;
-  if (!wanted.automatic) {
-    why.add("MRC_MONITOR=%s cannot run here (%s); every get registers, the last put deregisters",
-            env, failures.trimmed());
-  } else {
-    why.add("no userfaultfd mode works (%s); every get registers, the last put deregisters",
-            failures.trimmed());
-  }
+  record_none_works(wanted, env, &failures, &why);
   return result;
 }
 
