@@ -188,57 +188,80 @@ mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSeg
   return MRC_OK;
 }
 
-// Creates a segment. REQUIRES: domain lock held, no ready entry of that name.
-mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedSegment *m) {
-  RootHeader *root = d->root;
+// The backing file of a new MRC_SEG_FILE segment, open while the segment is created.
+struct Backing {
+  int fd = -1;
+  uint64_t hugepage = 0;  // its page size on hugetlbfs, else 0
+};
+
+void close_backing(Backing *backing) {
+  if (backing->fd >= 0) close(backing->fd);
+  backing->fd = -1;
+}
+
+// Where a new segment's bytes go: a backing file (MRC_SEG_FILE, opened here and sized to the
+// request: it decides the data size, and on hugetlbfs the data offset), no file (MRC_SEG_NODATA),
+// or the /dev/shm file after the header. On failure nothing is left open.
+mrc_status_t plan_layout(mrc_seg_domain *d, const mrc_seg_params_t *p, SegLayout *lay,
+                         Backing *backing) {
   if (p->size == 0) return fail(MRC_ERR_INVALID, "segment {} does not exist; size 0", p->name);
-  SegLayout lay{};
-  int backing_fd = -1;
-  uint64_t hugepage = 0;
   if ((p->flags & MRC_SEG_FILE) != 0) {
     uint64_t size = p->size;
-    mrc_status_t st = open_backing(d, p->backing_file, &size, true, &backing_fd, &hugepage);
+    mrc_status_t st =
+        open_backing(d, p->backing_file, &size, true, &backing->fd, &backing->hugepage);
     if (st != MRC_OK) return st;
-    if (hugepage > kVaPageSize) {
-      close(backing_fd);
+    if (backing->hugepage > kVaPageSize) {
+      close_backing(backing);
       return fail(MRC_ERR_UNSUPPORTED, "huge pages of {} bytes exceed the window's 2 MiB granule",
-                  hugepage);
+                  backing->hugepage);
     }
-    lay.map_size = kSegHeaderSize;
-    lay.data_offset = hugepage != 0 ? kVaPageSize : kSegHeaderSize;
-    lay.data_size = size;
+    lay->map_size = kSegHeaderSize;
+    lay->data_offset = backing->hugepage != 0 ? kVaPageSize : kSegHeaderSize;
+    lay->data_size = size;
   } else if ((p->flags & MRC_SEG_NODATA) != 0) {
-    lay.map_size = 0;
-    lay.data_offset = 0;
-    lay.data_size = round_up(p->size, kPage);
+    lay->map_size = 0;
+    lay->data_offset = 0;
+    lay->data_size = round_up(p->size, kPage);
   } else {
-    lay.data_offset = kSegHeaderSize;
-    lay.data_size = round_up(p->size, kPage);
-    lay.map_size = kSegHeaderSize + lay.data_size;
+    lay->data_offset = kSegHeaderSize;
+    lay->data_size = round_up(p->size, kPage);
+    lay->map_size = kSegHeaderSize + lay->data_size;
   }
-  lay.va_pages = round_up(lay.data_offset + lay.data_size, kVaPageSize) / kVaPageSize;
-  if ((p->flags & MRC_SEG_HEAP) != 0 && lay.data_size > SharedHeap::kMaxHeapSize) {
-    if (backing_fd >= 0) close(backing_fd);
+  lay->va_pages = round_up(lay->data_offset + lay->data_size, kVaPageSize) / kVaPageSize;
+  if ((p->flags & MRC_SEG_HEAP) != 0 && lay->data_size > SharedHeap::kMaxHeapSize) {
+    close_backing(backing);
     return fail(MRC_ERR_INVALID, "a heap segment holds at most {} bytes", SharedHeap::kMaxHeapSize);
   }
+  return MRC_OK;
+}
 
-  unsigned index = kMaxSegments;
+// A free directory entry (*index) and `va_pages` free window pages from *first. REQUIRES: domain
+// lock held.
+mrc_status_t find_room_locked(mrc_seg_domain *d, uint64_t va_pages, unsigned *index,
+                              uint64_t *first) {
+  RootHeader *root = d->root;
+  *index = kMaxSegments;
   for (unsigned i = 0; i < kMaxSegments; ++i) {
     if (root->segments[i].state == kEntryFree) {
-      index = i;
+      *index = i;
       break;
     }
   }
-  const uint64_t first = find_pages(d, root, lay.va_pages);
-  if (index == kMaxSegments || first == ~uint64_t{0}) {
-    if (backing_fd >= 0) close(backing_fd);
-    return index == kMaxSegments
-               ? fail(MRC_ERR_NO_MEMORY, "the directory holds {} segments already", kMaxSegments)
-               : fail(MRC_ERR_NO_MEMORY, "no room for {} pages of 2 MiB in the window",
-                      lay.va_pages);
+  *first = find_pages(d, root, va_pages);
+  if (*index == kMaxSegments) {
+    return fail(MRC_ERR_NO_MEMORY, "the directory holds {} segments already", kMaxSegments);
   }
+  if (*first == ~uint64_t{0}) {
+    return fail(MRC_ERR_NO_MEMORY, "no room for {} pages of 2 MiB in the window", va_pages);
+  }
+  return MRC_OK;
+}
 
-  // Record the intent first: a crash from here on is rolled back by repair_locked().
+// Fills directory entry `index` and marks it creating, its window pages taken: from here on a
+// crash is rolled back by repair_locked(). REQUIRES: domain lock held.
+SegEntry &record_intent_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, const SegLayout &lay,
+                               const Backing &backing, unsigned index, uint64_t first) {
+  RootHeader *root = d->root;
   SegEntry &e = root->segments[index];
   std::memset(&e, 0, sizeof e);
   e.flags = p->flags & (MRC_SEG_HEAP | MRC_SEG_NODATA | MRC_SEG_FILE);
@@ -253,9 +276,9 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   e.creator_slot = static_cast<uint32_t>(d->slot);
   e.created_ns = realtime_ns();
   std::strcpy(e.name, p->name);  // NOLINT: bounded by valid_name
-  if (backing_fd >= 0) {
+  if (backing.fd >= 0) {
     struct stat sb {};
-    fstat(backing_fd, &sb);
+    fstat(backing.fd, &sb);
     e.backing_dev = sb.st_dev;
     e.backing_ino = sb.st_ino;
     std::strcpy(e.backing_path, p->backing_file);  // NOLINT: bounded by validate_params
@@ -264,6 +287,101 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   e.state = kEntryCreating;
   commit();
   mark_pages(root, d->va_pages, first, lay.va_pages, true);
+  return e;
+}
+
+// Creates the segment's /dev/shm file (a fresh tag when its name is taken) and maps it at
+// `start`. May change e->file_tag.
+mrc_status_t create_segment_file(mrc_seg_domain *d, const char *segment_name, SegEntry *e,
+                                 uint64_t map_size, char *start) {
+  char name[160];
+  segment_shm_name(d->prefix, e->generation, e->file_tag, segment_name, name);
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+  // Taken: by a file that someone guessed (or a crash left) under this very name. A new tag
+  // gives a new name; the other file costs us nothing (check and repair skip foreign files).
+  for (int attempt = 0; fd < 0 && errno == EEXIST && attempt < 8; ++attempt) {
+    e->file_tag = random_u64();
+    segment_shm_name(d->prefix, e->generation, e->file_tag, segment_name, name);
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
+  }
+  if (fd < 0) return fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, errno_text(errno));
+  mrc_status_t st = give_to_domain(fd, name, d->uid, d->gid, d->mode);
+  if (st == MRC_OK && ftruncate(fd, static_cast<off_t>(map_size)) != 0) {
+    st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, errno_text(errno));
+  } else if (st == MRC_OK && mmap(start, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                                  fd, 0) != start) {
+    st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, errno_text(errno));
+  }
+  close(fd);
+  return st;
+}
+
+// Maps the backing file over the segment's data.
+mrc_status_t map_backing(const mrc_seg_params_t *p, const Backing &backing, char *data,
+                         uint64_t data_size) {
+  if (mmap(data, data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, backing.fd, 0) ==
+      data) {
+    return MRC_OK;
+  }
+  return fail(backing.hugepage != 0 && errno == ENOMEM ? MRC_ERR_NO_MEMORY : MRC_ERR_IO,
+              "mapping {}: {}{}", p->backing_file, errno_text(errno),
+              backing.hugepage != 0 ? " (not enough free huge pages?)" : "");
+}
+
+// Writes the segment header that check_segment_header (validate.h) will hold later mappings
+// to, and sets up the heap of a MRC_SEG_HEAP segment.
+mrc_status_t init_header(const mrc_seg_domain *d, const mrc_seg_params_t *p, const SegEntry &e,
+                         const SegLayout &lay, MappedSegment *m) {
+  auto *h = reinterpret_cast<SegHeader *>(m->start);
+  h->magic = kSegMagic;
+  h->layout_version = kLayoutVersion;
+  h->flags = e.flags;
+  h->domain_id = d->domain_id;
+  h->generation = e.generation;
+  h->base = reinterpret_cast<uint64_t>(m->start);
+  h->map_size = lay.map_size;
+  h->data_offset = lay.data_offset;
+  h->data_size = lay.data_size;
+  h->numa_node = p->numa_node;
+  std::strcpy(h->name, p->name);  // NOLINT: bounded
+  mrc_status_t st = MRC_OK;
+  if ((p->flags & MRC_SEG_HEAP) != 0) st = SharedHeap::init(&h->heap, m->data, lay.data_size);
+  m->header = h;
+  return st;
+}
+
+// Gives the segment its bytes at its window range, which *m describes: the /dev/shm file (and
+// the backing file), bound to the NUMA node, with its header written. Nothing for
+// MRC_SEG_NODATA.
+mrc_status_t map_segment(mrc_seg_domain *d, const mrc_seg_params_t *p, SegEntry *e,
+                         const SegLayout &lay, const Backing &backing, MappedSegment *m) {
+  if ((p->flags & MRC_SEG_NODATA) != 0) return MRC_OK;
+  mrc_status_t st = create_segment_file(d, p->name, e, lay.map_size, m->start);
+  if (st == MRC_OK && backing.fd >= 0) st = map_backing(p, backing, m->data, lay.data_size);
+  // NUMA: the policy goes on before anything touches the pages.
+  if (st == MRC_OK && p->numa_node >= 0) {
+    st = numa_bind(m->start, lay.map_size, p->numa_node);
+    if (st == MRC_OK && backing.fd >= 0) st = numa_bind(m->data, lay.data_size, p->numa_node);
+  }
+  if (st == MRC_OK) st = init_header(d, p, *e, lay, m);
+  return st;
+}
+
+// Creates a segment. REQUIRES: domain lock held, no ready entry of that name. On failure the
+// directory entry is torn down and the range is reserved again.
+mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedSegment *m) {
+  SegLayout lay{};
+  Backing backing;
+  mrc_status_t st = plan_layout(d, p, &lay, &backing);
+  if (st != MRC_OK) return st;
+  unsigned index = kMaxSegments;
+  uint64_t first = 0;
+  st = find_room_locked(d, lay.va_pages, &index, &first);
+  if (st != MRC_OK) {
+    close_backing(&backing);
+    return st;
+  }
+  SegEntry &e = record_intent_locked(d, p, lay, backing, index, first);
 
   char *start = reinterpret_cast<char *>(d->base + e.va_offset);
   m->start = start;
@@ -271,66 +389,16 @@ mrc_status_t create_locked(mrc_seg_domain *d, const mrc_seg_params_t *p, MappedS
   m->map_size = lay.map_size;
   m->data = start + lay.data_offset;
   m->data_size = lay.data_size;
-  mrc_status_t st = MRC_OK;
-  if ((p->flags & MRC_SEG_NODATA) == 0) {
-    char name[160];
-    segment_shm_name(d->prefix, e.generation, e.file_tag, p->name, name);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
-    // Taken: by a file that someone guessed (or a crash left) under this very name. A new tag
-    // gives a new name; the other file costs us nothing (check and repair skip foreign files).
-    for (int attempt = 0; fd < 0 && errno == EEXIST && attempt < 8; ++attempt) {
-      e.file_tag = random_u64();
-      segment_shm_name(d->prefix, e.generation, e.file_tag, p->name, name);
-      fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, d->mode);
-    }
-    if (fd < 0) {
-      st = fail(MRC_ERR_IO, "creating /dev/shm{}: {}", name, errno_text(errno));
-    } else {
-      st = give_to_domain(fd, name, d->uid, d->gid, d->mode);
-      if (st == MRC_OK && ftruncate(fd, static_cast<off_t>(lay.map_size)) != 0) {
-        st = fail(MRC_ERR_IO, "sizing /dev/shm{}: {}", name, errno_text(errno));
-      } else if (st == MRC_OK && mmap(start, lay.map_size, PROT_READ | PROT_WRITE,
-                                      MAP_SHARED | MAP_FIXED, fd, 0) != start) {
-        st = fail(MRC_ERR_NO_MEMORY, "mapping /dev/shm{}: {}", name, errno_text(errno));
-      }
-      close(fd);
-    }
-    if (st == MRC_OK && backing_fd >= 0 &&
-        mmap(m->data, lay.data_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, backing_fd,
-             0) != m->data) {
-      st = fail(hugepage != 0 && errno == ENOMEM ? MRC_ERR_NO_MEMORY : MRC_ERR_IO,
-                "mapping {}: {}{}", p->backing_file, errno_text(errno),
-                hugepage != 0 ? " (not enough free huge pages?)" : "");
-    }
-    // NUMA: the policy goes on before anything touches the pages.
-    if (st == MRC_OK && p->numa_node >= 0) {
-      st = numa_bind(start, lay.map_size, p->numa_node);
-      if (st == MRC_OK && backing_fd >= 0) st = numa_bind(m->data, lay.data_size, p->numa_node);
-    }
-    if (st == MRC_OK) {
-      auto *h = reinterpret_cast<SegHeader *>(start);
-      h->magic = kSegMagic;
-      h->layout_version = kLayoutVersion;
-      h->flags = e.flags;
-      h->domain_id = d->domain_id;
-      h->generation = e.generation;
-      h->base = reinterpret_cast<uint64_t>(start);
-      h->map_size = lay.map_size;
-      h->data_offset = lay.data_offset;
-      h->data_size = lay.data_size;
-      h->numa_node = p->numa_node;
-      std::strcpy(h->name, p->name);  // NOLINT: bounded
-      if ((p->flags & MRC_SEG_HEAP) != 0) st = SharedHeap::init(&h->heap, m->data, lay.data_size);
-      m->header = h;
-    }
-  }
-  if (backing_fd >= 0) close(backing_fd);
+  st = map_segment(d, p, &e, lay, backing, m);
+  close_backing(&backing);
   if (st != MRC_OK) {
     (void)reserve_again(start, m->va_len);
     m->header = nullptr;
     teardown_entry_locked(d, index);
     return st;
   }
+
+  // Publish: the creator is the first client, and the entry is ready for others to map.
   set_client_bit(e, static_cast<unsigned>(d->slot), true);
   commit();
   e.state = kEntryReady;
