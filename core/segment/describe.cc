@@ -139,106 +139,154 @@ bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) 
   return ok;
 }
 
-void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, Buffer &out) {
-  const bool json = (flags & MRC_SEG_DESCRIBE_JSON) != 0;
-  const bool verbose = (flags & MRC_SEG_DESCRIBE_VERBOSE) != 0;
-  auto o = std::back_inserter(out);
+// What both forms say first about the snapshot as a whole.
+struct Overview {
   uint64_t pages_used = 0;
+  MutexState lock{};
+  unsigned clients = 0;
+  unsigned segments = 0;
+};
+
+Overview take_overview(const mrc_seg_domain *d, const RootHeader &root) {
+  Overview overview;
   for (uint64_t i = 0; i < d->va_pages; ++i) {
-    pages_used += (root.va_bitmap[i / 64] >> (i % 64)) & 1U;
+    overview.pages_used += (root.va_bitmap[i / 64] >> (i % 64)) & 1U;
   }
-  const MutexState lock = mutex_state(&d->root->lock);
-  unsigned nclients = 0, nsegments = 0;
-  for (const ClientSlot &c : root.clients) nclients += c.state == kSlotActive ? 1U : 0U;
-  for (const SegEntry &e : root.segments) nsegments += e.state != kEntryFree ? 1U : 0U;
-  auto alive = [&](unsigned s) {
-    if (static_cast<int>(s) == d->slot) return 1;
-    return ofd_held(d->fd, kPresenceLockOffset + static_cast<off_t>(s));
-  };
+  overview.lock = mutex_state(&d->root->lock);
+  for (const ClientSlot &c : root.clients) overview.clients += c.state == kSlotActive ? 1U : 0U;
+  for (const SegEntry &e : root.segments) overview.segments += e.state != kEntryFree ? 1U : 0U;
+  return overview;
+}
 
-  if (json) {
-    fmt::format_to(o, "{{\"prefix\":");
-    json_string(out, d->prefix, sizeof d->prefix);
+// Whether the client in slot `s` lives: ours does; another holds its presence lock.
+bool client_alive(const mrc_seg_domain *d, unsigned s) {
+  if (static_cast<int>(s) == d->slot) return true;
+  return ofd_held(d->fd, kPresenceLockOffset + static_cast<off_t>(s)) == 1;
+}
+
+bool uses_segment(const SegEntry &e, unsigned slot) {
+  return ((e.clients[slot / 64] >> (slot % 64)) & 1U) != 0;
+}
+
+unsigned segments_of_client(const RootHeader &root, unsigned slot) {
+  unsigned segs = 0;
+  for (const SegEntry &e : root.segments) {
+    segs += e.state != kEntryFree && uses_segment(e, slot) ? 1U : 0U;
+  }
+  return segs;
+}
+
+// The /dev/shm file name of an entry's data; "" for MRC_SEG_NODATA or a name that cannot be made.
+void data_file(const mrc_seg_domain *d, const SegEntry &e, char (&file)[160]) {
+  if ((e.flags & MRC_SEG_NODATA) != 0 || !entry_file_name(d, e, file)) file[0] = '\0';
+}
+
+// ---- JSON ----------------------------------------------------------------------------------
+
+void json_domain(const mrc_seg_domain *d, const RootHeader &root, const Overview &overview,
+                 Buffer &out) {
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "{{\"prefix\":");
+  json_string(out, d->prefix, sizeof d->prefix);
+  fmt::format_to(o,
+                 ",\"root\":\"/dev/shm{}\",\"snapshot\":true,\"base\":{},\"size\":{},"
+                 "\"va_page_size\":{},\"pages_total\":{},\"pages_used\":{},\"uid\":{},"
+                 "\"gid\":{},\"mode\":\"{:04o}\",\"domain_id\":\"{:#018x}\",\"created_ns\":{},"
+                 "\"next_generation\":{},\"repairs\":{},\"clients_reaped\":{},"
+                 "\"segments_reaped\":{},\"state\":\"{}\",",
+                 d->root_name, root.base, root.size, kVaPageSize, root.va_pages,
+                 overview.pages_used, root.uid, root.gid, root.mode, root.domain_id,
+                 root.created_ns, root.next_generation, root.repairs, root.clients_reaped,
+                 root.segments_reaped, root.state == kDomainLive ? "live" : "dead");
+  fmt::format_to(o, "\"lock\":{{\"locked\":{},\"owner_tid\":{},\"owner_died\":{}}},",
+                 overview.lock.locked, overview.lock.owner_tid, overview.lock.owner_died);
+}
+
+void json_clients(const mrc_seg_domain *d, const RootHeader &root, Buffer &out) {
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "\"clients\":[");
+  bool first = true;
+  for (unsigned s = 0; s < kMaxClients; ++s) {
+    const ClientSlot &c = root.clients[s];
+    if (c.state != kSlotActive) continue;
+    fmt::format_to(o, "{}{{\"slot\":{},\"pid\":{},\"uid\":{},\"comm\":", first ? "" : ",", s, c.pid,
+                   c.uid);
+    json_string(out, c.comm, sizeof c.comm);
     fmt::format_to(o,
-                   ",\"root\":\"/dev/shm{}\",\"snapshot\":true,\"base\":{},\"size\":{},"
-                   "\"va_page_size\":{},\"pages_total\":{},\"pages_used\":{},\"uid\":{},"
-                   "\"gid\":{},\"mode\":\"{:04o}\",\"domain_id\":\"{:#018x}\",\"created_ns\":{},"
-                   "\"next_generation\":{},\"repairs\":{},\"clients_reaped\":{},"
-                   "\"segments_reaped\":{},\"state\":\"{}\",",
-                   d->root_name, root.base, root.size, kVaPageSize, root.va_pages, pages_used,
-                   root.uid, root.gid, root.mode, root.domain_id, root.created_ns,
-                   root.next_generation, root.repairs, root.clients_reaped, root.segments_reaped,
-                   root.state == kDomainLive ? "live" : "dead");
-    fmt::format_to(o, "\"lock\":{{\"locked\":{},\"owner_tid\":{},\"owner_died\":{}}},", lock.locked,
-                   lock.owner_tid, lock.owner_died);
-    fmt::format_to(o, "\"clients\":[");
-    bool first = true;
-    for (unsigned s = 0; s < kMaxClients; ++s) {
-      const ClientSlot &c = root.clients[s];
-      if (c.state != kSlotActive) continue;
-      unsigned segs = 0;
-      for (const SegEntry &e : root.segments) {
-        segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1U : 0U;
-      }
-      fmt::format_to(o, "{}{{\"slot\":{},\"pid\":{},\"uid\":{},\"comm\":", first ? "" : ",", s,
-                     c.pid, c.uid);
-      json_string(out, c.comm, sizeof c.comm);
-      fmt::format_to(o,
-                     ",\"alive\":{},\"self\":{},\"serial\":{},\"attach_time_ns\":{},"
-                     "\"segments\":{}}}",
-                     alive(s) == 1, static_cast<int>(s) == d->slot, c.serial, c.attach_time_ns,
-                     segs);
-      first = false;
-    }
-    fmt::format_to(o, "],\"segments\":[");
-    first = true;
-    for (const SegEntry &e : root.segments) {
-      if (e.state == kEntryFree) continue;
-      char file[160] = "";
-      if ((e.flags & MRC_SEG_NODATA) != 0 || !entry_file_name(d, e, file)) file[0] = '\0';
-      fmt::format_to(o, "{}{{\"name\":", first ? "" : ",");
-      json_string(out, e.name, sizeof e.name);
-      fmt::format_to(o,
-                     ",\"state\":\"{}\",\"generation\":{},\"base\":{},\"size\":{},"
-                     "\"map_base\":{},\"map_size\":{},\"pages\":{},\"numa_node\":{},"
-                     "\"file\":\"{}{}\",\"flags\":",
-                     state_name(e.state), e.generation, root.base + e.va_offset + e.data_offset,
-                     e.data_size, root.base + e.va_offset, e.va_pages << kVaPageShift, e.va_pages,
-                     e.numa_node, file[0] != '\0' ? "/dev/shm" : "", file);
-      flag_names(out, e.flags, true);
-      fmt::format_to(o, ",\"backing_file\":");
-      json_string(out, e.backing_path, sizeof e.backing_path);
-      fmt::format_to(o, ",\"clients\":[");
-      bool cfirst = true;
-      for (unsigned s = 0; s < kMaxClients; ++s) {
-        if (((e.clients[s / 64] >> (s % 64)) & 1U) == 0) continue;
-        fmt::format_to(o, "{}{}", cfirst ? "" : ",", s);
-        cfirst = false;
-      }
-      out.push_back(']');
-      HeapHeader heap{};
-      if (verbose && (e.flags & MRC_SEG_HEAP) != 0 && heap_counters(d, e, &heap)) {
-        fmt::format_to(o,
-                       ",\"heap\":{{\"heap_size\":{},\"bytes_used\":{},\"used_blocks\":{},"
-                       "\"free_blocks\":{},\"allocs\":{},\"frees\":{},\"repairs\":{},"
-                       "\"corrupt\":{}}}",
-                       heap.heap_size, heap.bytes_used, heap.used_blocks, heap.free_blocks,
-                       heap.allocs, heap.frees, heap.repairs, heap.state != kHeapOk);
-      }
-      out.push_back('}');
-      first = false;
-    }
-    fmt::format_to(o, "],\"foreign_files\":[");
-    first = true;
-    for (const std::string &f : foreign_files(d)) {
-      if (!first) out.push_back(',');
-      json_string(out, f.c_str(), f.size());
-      first = false;
-    }
-    fmt::format_to(o, "]}}");
-    return;
+                   ",\"alive\":{},\"self\":{},\"serial\":{},\"attach_time_ns\":{},"
+                   "\"segments\":{}}}",
+                   client_alive(d, s), static_cast<int>(s) == d->slot, c.serial, c.attach_time_ns,
+                   segments_of_client(root, s));
+    first = false;
   }
+  fmt::format_to(o, "],");
+}
 
+void json_segment(const mrc_seg_domain *d, const RootHeader &root, const SegEntry &e, bool verbose,
+                  Buffer &out) {
+  auto o = std::back_inserter(out);
+  char file[160] = "";
+  data_file(d, e, file);
+  fmt::format_to(o, "{{\"name\":");
+  json_string(out, e.name, sizeof e.name);
+  fmt::format_to(o,
+                 ",\"state\":\"{}\",\"generation\":{},\"base\":{},\"size\":{},"
+                 "\"map_base\":{},\"map_size\":{},\"pages\":{},\"numa_node\":{},"
+                 "\"file\":\"{}{}\",\"flags\":",
+                 state_name(e.state), e.generation, root.base + e.va_offset + e.data_offset,
+                 e.data_size, root.base + e.va_offset, e.va_pages << kVaPageShift, e.va_pages,
+                 e.numa_node, file[0] != '\0' ? "/dev/shm" : "", file);
+  flag_names(out, e.flags, true);
+  fmt::format_to(o, ",\"backing_file\":");
+  json_string(out, e.backing_path, sizeof e.backing_path);
+  fmt::format_to(o, ",\"clients\":[");
+  bool first = true;
+  for (unsigned s = 0; s < kMaxClients; ++s) {
+    if (!uses_segment(e, s)) continue;
+    fmt::format_to(o, "{}{}", first ? "" : ",", s);
+    first = false;
+  }
+  out.push_back(']');
+  HeapHeader heap{};
+  if (verbose && (e.flags & MRC_SEG_HEAP) != 0 && heap_counters(d, e, &heap)) {
+    fmt::format_to(o,
+                   ",\"heap\":{{\"heap_size\":{},\"bytes_used\":{},\"used_blocks\":{},"
+                   "\"free_blocks\":{},\"allocs\":{},\"frees\":{},\"repairs\":{},"
+                   "\"corrupt\":{}}}",
+                   heap.heap_size, heap.bytes_used, heap.used_blocks, heap.free_blocks, heap.allocs,
+                   heap.frees, heap.repairs, heap.state != kHeapOk);
+  }
+  out.push_back('}');
+}
+
+void json_segments(const mrc_seg_domain *d, const RootHeader &root, bool verbose, Buffer &out) {
+  fmt::format_to(std::back_inserter(out), "\"segments\":[");
+  bool first = true;
+  for (const SegEntry &e : root.segments) {
+    if (e.state == kEntryFree) continue;
+    if (!first) out.push_back(',');
+    json_segment(d, root, e, verbose, out);
+    first = false;
+  }
+  fmt::format_to(std::back_inserter(out), "],");
+}
+
+void json_foreign_files(const mrc_seg_domain *d, Buffer &out) {
+  fmt::format_to(std::back_inserter(out), "\"foreign_files\":[");
+  bool first = true;
+  for (const std::string &f : foreign_files(d)) {
+    if (!first) out.push_back(',');
+    json_string(out, f.c_str(), f.size());
+    first = false;
+  }
+  out.push_back(']');
+}
+
+// ---- text ----------------------------------------------------------------------------------
+
+void text_domain(const mrc_seg_domain *d, const RootHeader &root, const Overview &overview,
+                 Buffer &out) {
+  auto o = std::back_inserter(out);
   double v = 0;
   const char *unit = size_unit(root.size, &v);
   fmt::format_to(o, "domain {} (/dev/shm{}), a snapshot:\n", d->prefix, d->root_name);
@@ -246,36 +294,72 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
                  "  window [{:#x}, {:#x}) {:.1f} {}, {} pages of 2 MiB, {} in use\n"
                  "  uid {} gid {} mode {:04o}  id {:#018x}  state {}\n"
                  "  repairs {}  clients reaped {}  segments reaped {}  next generation {}\n",
-                 root.base, root.base + root.size, v, unit, root.va_pages, pages_used, root.uid,
-                 root.gid, root.mode, root.domain_id, root.state == kDomainLive ? "live" : "dead",
-                 root.repairs, root.clients_reaped, root.segments_reaped, root.next_generation);
-  if (!lock.locked) {
+                 root.base, root.base + root.size, v, unit, root.va_pages, overview.pages_used,
+                 root.uid, root.gid, root.mode, root.domain_id,
+                 root.state == kDomainLive ? "live" : "dead", root.repairs, root.clients_reaped,
+                 root.segments_reaped, root.next_generation);
+  if (!overview.lock.locked) {
     fmt::format_to(o, "  lock: free\n");
-  } else if (lock.owner_died) {
+  } else if (overview.lock.owner_died) {
     fmt::format_to(o, "  lock: its owner died holding it; the next locker repairs\n");
   } else {
-    fmt::format_to(o, "  lock: held by thread {}\n", lock.owner_tid);
+    fmt::format_to(o, "  lock: held by thread {}\n", overview.lock.owner_tid);
   }
-  fmt::format_to(o, "  clients: {}\n", nclients);
-  if (nclients != 0) {
+}
+
+void text_clients(const mrc_seg_domain *d, const RootHeader &root, unsigned count, Buffer &out) {
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "  clients: {}\n", count);
+  if (count != 0) {
     fmt::format_to(o, "    {:<5} {:>8} {:>6}  {:<6} {:<16} {}\n", "slot", "pid", "uid", "state",
                    "comm", "segments");
   }
   for (unsigned s = 0; s < kMaxClients; ++s) {
     const ClientSlot &c = root.clients[s];
     if (c.state != kSlotActive) continue;
-    unsigned segs = 0;
-    for (const SegEntry &e : root.segments) {
-      segs += e.state != kEntryFree && ((e.clients[s / 64] >> (s % 64)) & 1U) != 0 ? 1U : 0U;
-    }
     char comm[17] = {};
     std::memcpy(comm, c.comm, sizeof c.comm);
     fmt::format_to(o, "    {:<5} {:>8} {:>6}  {:<6} {:<16} {}{}\n", s, c.pid, c.uid,
-                   alive(s) == 1 ? "alive" : "dead", comm, segs,
+                   client_alive(d, s) ? "alive" : "dead", comm, segments_of_client(root, s),
                    static_cast<int>(s) == d->slot ? "  (this process)" : "");
   }
-  fmt::format_to(o, "  segments: {}\n", nsegments);
-  if (nsegments != 0) {
+}
+
+// --verbose: the lines under a segment's row.
+void text_segment_details(const mrc_seg_domain *d, const RootHeader &root, const SegEntry &e,
+                          Buffer &out) {
+  auto o = std::back_inserter(out);
+  char file[160] = "";
+  data_file(d, e, file);
+  fmt::format_to(o, "      generation {}  file {}{}  range [{:#x}, {:#x})", e.generation,
+                 file[0] != '\0' ? "/dev/shm" : "-", file, root.base + e.va_offset,
+                 root.base + e.va_offset + (e.va_pages << kVaPageShift));
+  if (e.numa_node >= 0) fmt::format_to(o, "  numa node {}", e.numa_node);
+  out.push_back('\n');
+  if ((e.flags & MRC_SEG_FILE) != 0) {
+    fmt::format_to(o, "      backing file {}\n",
+                   std::string_view(e.backing_path, strnlen(e.backing_path, kPathMax)));
+  }
+  fmt::format_to(o, "      client slots:");
+  for (unsigned s = 0; s < kMaxClients; ++s) {
+    if (uses_segment(e, s)) fmt::format_to(o, " {}", s);
+  }
+  out.push_back('\n');
+  HeapHeader heap{};
+  if ((e.flags & MRC_SEG_HEAP) != 0 && heap_counters(d, e, &heap)) {
+    fmt::format_to(o,
+                   "      heap: {} of {} bytes used in {} blocks, {} free blocks, {} allocs, "
+                   "{} frees, {} repairs{}\n",
+                   heap.bytes_used, heap.heap_size, heap.used_blocks, heap.free_blocks, heap.allocs,
+                   heap.frees, heap.repairs, heap.state != kHeapOk ? ", CORRUPT" : "");
+  }
+}
+
+void text_segments(const mrc_seg_domain *d, const RootHeader &root, unsigned count, bool verbose,
+                   Buffer &out) {
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "  segments: {}\n", count);
+  if (count != 0) {
     fmt::format_to(o, "    {:<24} {:<16} {:>12} {:>6} {:>8}  {}\n", "name", "base", "size", "pages",
                    "clients", "flags");
   }
@@ -288,38 +372,33 @@ void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, B
     flag_names(out, e.flags, false);
     if (e.state != kEntryReady) fmt::format_to(o, " ({})", state_name(e.state));
     out.push_back('\n');
-    if (!verbose) continue;
-    char file[160] = "";
-    if ((e.flags & MRC_SEG_NODATA) != 0 || !entry_file_name(d, e, file)) file[0] = '\0';
-    fmt::format_to(o, "      generation {}  file {}{}  range [{:#x}, {:#x})", e.generation,
-                   file[0] != '\0' ? "/dev/shm" : "-", file, root.base + e.va_offset,
-                   root.base + e.va_offset + (e.va_pages << kVaPageShift));
-    if (e.numa_node >= 0) fmt::format_to(o, "  numa node {}", e.numa_node);
-    out.push_back('\n');
-    if ((e.flags & MRC_SEG_FILE) != 0) {
-      fmt::format_to(o, "      backing file {}\n",
-                     std::string_view(e.backing_path, strnlen(e.backing_path, kPathMax)));
-    }
-    fmt::format_to(o, "      client slots:");
-    for (unsigned s = 0; s < kMaxClients; ++s) {
-      if (((e.clients[s / 64] >> (s % 64)) & 1U) != 0) fmt::format_to(o, " {}", s);
-    }
-    out.push_back('\n');
-    HeapHeader heap{};
-    if ((e.flags & MRC_SEG_HEAP) != 0 && heap_counters(d, e, &heap)) {
-      fmt::format_to(o,
-                     "      heap: {} of {} bytes used in {} blocks, {} free blocks, {} allocs, "
-                     "{} frees, {} repairs{}\n",
-                     heap.bytes_used, heap.heap_size, heap.used_blocks, heap.free_blocks,
-                     heap.allocs, heap.frees, heap.repairs,
-                     heap.state != kHeapOk ? ", CORRUPT" : "");
-    }
+    if (verbose) text_segment_details(d, root, e, out);
   }
+}
+
+void text_foreign_files(const mrc_seg_domain *d, Buffer &out) {
   const std::vector<std::string> foreign = foreign_files(d);
-  if (!foreign.empty()) {
-    fmt::format_to(o, "  foreign files (not the domain's; check, repair and remove skip them):\n");
-    for (const std::string &f : foreign) fmt::format_to(o, "    {}\n", f);
+  if (foreign.empty()) return;
+  auto o = std::back_inserter(out);
+  fmt::format_to(o, "  foreign files (not the domain's; check, repair and remove skip them):\n");
+  for (const std::string &f : foreign) fmt::format_to(o, "    {}\n", f);
+}
+
+void describe(const mrc_seg_domain *d, const RootHeader &root, unsigned flags, Buffer &out) {
+  const bool verbose = (flags & MRC_SEG_DESCRIBE_VERBOSE) != 0;
+  const Overview overview = take_overview(d, root);
+  if ((flags & MRC_SEG_DESCRIBE_JSON) != 0) {
+    json_domain(d, root, overview, out);
+    json_clients(d, root, out);
+    json_segments(d, root, verbose, out);
+    json_foreign_files(d, out);
+    out.push_back('}');
+    return;
   }
+  text_domain(d, root, overview, out);
+  text_clients(d, root, overview.clients, out);
+  text_segments(d, root, overview.segments, verbose, out);
+  text_foreign_files(d, out);
 }
 
 }  // namespace
