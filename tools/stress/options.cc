@@ -156,18 +156,29 @@ void parse_mix(const std::string &text, std::array<double, kMutationKinds> *mix)
   }
 }
 
-std::optional<int> parse_options(int argc, char **argv, Options *o) {
+namespace {
+
+// The command line as CLI11 sees it: the app, the values that become Options only after the
+// parse, and the options whose presence (not only their value) matters.
+struct CommandLine {
   CLI::App app{kDescription, "mrcache-stress"};
-  app.footer(kFooter);
-  app.get_formatter()->column_width(34);
-  // A later option wins (scripts/stress.sh passes --duration 30 before the user's arguments).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  const std::map<std::string, double> time_units{{"s", 1.0}, {"m", 60.0}, {"h", 3600.0}};
-
-  uint64_t max_regions = 0, max_bytes = 0, max_unreleased = 0;
   std::string backend = "iouring", oracle = "auto";
-  o->mix_text = kDefaultMix;
+  uint64_t max_regions = 0, max_bytes = 0, max_unreleased = 0;
+  bool fast = false, exact = false;
+  CLI::Option *max_size = nullptr;
+  CLI::Option *seed = nullptr;
+  CLI::Option *max_regions_option = nullptr;
+  CLI::Option *max_bytes_option = nullptr;
+  CLI::Option *max_unreleased_option = nullptr;
+  CLI::Option *fast_option = nullptr;
+  CLI::Option *exact_option = nullptr;
+};
 
+// The declare_* phases add the options in the order --help lists them.
+
+void declare_threads_and_duration(CommandLine &cl, Options *o) {
+  CLI::App &app = cl.app;
+  const std::map<std::string, double> time_units{{"s", 1.0}, {"m", 60.0}, {"h", 3600.0}};
   app.add_option("-t,--threads", o->threads, "Worker threads (get, check, put)")
       ->capture_default_str()
       ->check(unsigned_range(1, 128));
@@ -196,19 +207,28 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
       ->capture_default_str()
       ->transform(CLI::AsNumberWithUnit(time_units, CLI::AsNumberWithUnit::CASE_SENSITIVE))
       ->check(finite_range(1e-3, 1e8));
-  app.add_option("-b,--backend", backend,
-                 "Registration engine: iouring (pins memory; the default), null (registers "
-                 "nothing), verbs (first RDMA device, e.g. rxe)")
+}
+
+void declare_backend_and_oracle(CommandLine &cl) {
+  cl.app
+      .add_option("-b,--backend", cl.backend,
+                  "Registration engine: iouring (pins memory; the default), null (registers "
+                  "nothing), verbs (first RDMA device, e.g. rxe)")
       ->capture_default_str()
       ->check(CLI::IsMember({"iouring", "null", "verbs"}));
-  app.add_option("--oracle", oracle,
-                 "How a region is checked: auto (by backend), iouring, pfn, rdma, none")
+  cl.app
+      .add_option("--oracle", cl.oracle,
+                  "How a region is checked: auto (by backend), iouring, pfn, rdma, none")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "iouring", "pfn", "rdma", "none"}));
+}
+
+void declare_workload(CommandLine &cl, Options *o) {
+  CLI::App &app = cl.app;
   app.add_option("--min-size", o->min_size, "Smallest range a worker asks for (4k, 1m, ...)")
       ->capture_default_str()
       ->transform(byte_size(1, kMaxRangeBytes));
-  auto *max_size_option =
+  cl.max_size =
       app.add_option("--max-size", o->max_size,
                      "Largest mapping and range (default 16m; less when RLIMIT_MEMLOCK is small)")
           ->transform(byte_size(1, kMaxRangeBytes));
@@ -247,20 +267,24 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                  "Microseconds each mutator sleeps between mutations (lets hits happen)")
       ->capture_default_str()
       ->check(unsigned_range(0, 1000000));
-  auto *seed_option =
+  cl.seed =
       app.add_option("-s,--seed", o->seed, "Seed of every random choice (default: random, printed)")
           ->check(unsigned_range(0, std::numeric_limits<uint64_t>::max()));
-  auto *max_regions_option = app.add_option("--max-regions", max_regions,
-                                            "Cache limit: regions (0 = unlimited; default "
-                                            "MRC_MAX_REGIONS or unlimited)")
-                                 ->check(unsigned_range(0, kMaxRegionsLimit));
-  auto *max_bytes_option =
-      app.add_option("--max-bytes", max_bytes,
+}
+
+void declare_limits_and_failures(CommandLine &cl, Options *o) {
+  CLI::App &app = cl.app;
+  cl.max_regions_option = app.add_option("--max-regions", cl.max_regions,
+                                         "Cache limit: regions (0 = unlimited; default "
+                                         "MRC_MAX_REGIONS or unlimited)")
+                              ->check(unsigned_range(0, kMaxRegionsLimit));
+  cl.max_bytes_option =
+      app.add_option("--max-bytes", cl.max_bytes,
                      "Cache limit: registered bytes (0 = unlimited; default MRC_MAX_BYTES, or "
                      "half of RLIMIT_MEMLOCK when pinning is limited)")
           ->transform(byte_size(0, kMaxLimitBytes));
-  auto *max_unreleased_option =
-      app.add_option("--max-unreleased", max_unreleased,
+  cl.max_unreleased_option =
+      app.add_option("--max-unreleased", cl.max_unreleased,
                      "Cache limit: invalidated bytes still in use (default MRC_MAX_UNRELEASED)")
           ->transform(byte_size(0, kMaxLimitBytes));
   app.add_option("--fail-rate", o->fail_rate,
@@ -268,6 +292,10 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
                  "injection, others: a wrapper in front of the backend)")
       ->capture_default_str()
       ->check(finite_range(0, 1));
+}
+
+void declare_output_and_mode(CommandLine &cl, Options *o) {
+  CLI::App &app = cl.app;
   app.add_option("--json", o->json_path, "Write the summary as JSON to FILE")
       ->check([](const std::string &path) {
         // An empty FILE used to mean no summary at all, silently.
@@ -276,16 +304,15 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_flag("-q,--quiet", o->quiet, "No progress line; one result line and any failure");
   app.add_flag("--keep-going", o->keep_going,
                "Do not stop at the first stale registration (report up to 10)");
-  bool fast = false, exact = false;
-  auto *fast_option =
-      app.add_flag("--fast,--ordered-unmaps", fast,
+  cl.fast_option =
+      app.add_flag("--fast,--ordered-unmaps", cl.fast,
                    "Fast mode: every cache gets MRC_FLAG_ORDERED_UNMAPS (no unmap probe per get; "
                    "exact only for unmaps that happen-before the get). In-window stale hits are "
                    "reported, not counted");
-  auto *exact_option = app.add_flag("--exact", exact,
-                                    "Exact mode (the default) even when MRC_ORDERED_UNMAPS=1 is "
-                                    "set: every stale hit counts, in the unmap window too");
-  fast_option->excludes(exact_option);
+  cl.exact_option = app.add_flag("--exact", cl.exact,
+                                 "Exact mode (the default) even when MRC_ORDERED_UNMAPS=1 is "
+                                 "set: every stale hit counts, in the unmap window too");
+  cl.fast_option->excludes(cl.exact_option);
   app.add_flag("--strict-unmap-window", o->strict_unmap_window,
                "Fast mode: count in-window stale hits (on addresses another thread was still "
                "unmapping when the get began) as stale too, which fails the run whenever the "
@@ -296,60 +323,99 @@ std::optional<int> parse_options(int argc, char **argv, Options *o) {
   app.add_option("--progress-interval", o->progress_interval_s,
                  "Seconds between progress lines (default 0.5 on a terminal, 10 otherwise)")
       ->check(finite_range(0, 86400));
-  app.add_option("--rdma-device", o->rdma_device, "verbs: device name (default: the first)");
+}
+
+void declare_rdma(CommandLine &cl, Options *o) {
+  cl.app.add_option("--rdma-device", o->rdma_device, "verbs: device name (default: the first)");
+  // Before the option: --help shows the default the environment gives.
   o->gid_index = 0;
   if (const char *gid = std::getenv("RXE_GID0")) o->gid_index = std::atoi(gid);
-  app.add_option("--gid-index", o->gid_index, "verbs: GID index of the loopback QP (env RXE_GID0)")
+  cl.app
+      .add_option("--gid-index", o->gid_index, "verbs: GID index of the loopback QP (env RXE_GID0)")
       ->capture_default_str()
       ->check(unsigned_range(0, 255));
+}
 
+// Parses argv and the --mix list. On --help or an error: what it printed's exit code.
+std::optional<int> parse(CommandLine &cl, int argc, char **argv, Options *o) {
   try {
-    app.parse(argc, argv);
+    cl.app.parse(argc, argv);
     parse_mix(o->mix_text, &o->mix);
   } catch (const CLI::ParseError &e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return cl.app.exit(e) == 0 ? 0 : 2;
   } catch (const std::invalid_argument &e) {
     std::fprintf(stderr, "mrcache-stress: --mix: %s\n", e.what());
     return 2;
   }
-  o->backend = backend == "null"    ? Backend::kNull
-               : backend == "verbs" ? Backend::kVerbs
-                                    : Backend::kIouring;
-  o->oracle = oracle == "iouring" ? OracleKind::kIouring
-              : oracle == "pfn"   ? OracleKind::kPfn
-              : oracle == "rdma"  ? OracleKind::kRdma
-              : oracle == "none"  ? OracleKind::kNone
-                                  : OracleKind::kAuto;
-  if (fast_option->count() != 0) o->fast = fast;
-  if (exact_option->count() != 0) o->fast = !exact;
-  o->seed_given = seed_option->count() != 0;
-  o->max_size_given = max_size_option->count() != 0;
-  if (max_regions_option->count() != 0) o->max_regions = max_regions;
-  if (max_bytes_option->count() != 0) o->max_bytes = max_bytes;
-  if (max_unreleased_option->count() != 0) o->max_unreleased = max_unreleased;
+  return std::nullopt;
+}
+
+// Moves into *o what the parse left in the command line: the engine and oracle, the mode, and
+// which options were given.
+void take_parsed(const CommandLine &cl, Options *o) {
+  o->backend = cl.backend == "null"    ? Backend::kNull
+               : cl.backend == "verbs" ? Backend::kVerbs
+                                       : Backend::kIouring;
+  o->oracle = cl.oracle == "iouring" ? OracleKind::kIouring
+              : cl.oracle == "pfn"   ? OracleKind::kPfn
+              : cl.oracle == "rdma"  ? OracleKind::kRdma
+              : cl.oracle == "none"  ? OracleKind::kNone
+                                     : OracleKind::kAuto;
+  if (cl.fast_option->count() != 0) o->fast = cl.fast;
+  if (cl.exact_option->count() != 0) o->fast = !cl.exact;
+  o->seed_given = cl.seed->count() != 0;
+  o->max_size_given = cl.max_size->count() != 0;
+  if (cl.max_regions_option->count() != 0) o->max_regions = cl.max_regions;
+  if (cl.max_bytes_option->count() != 0) o->max_bytes = cl.max_bytes;
+  if (cl.max_unreleased_option->count() != 0) o->max_unreleased = cl.max_unreleased;
+}
+
+// Combinations that no single option's check catches; 2 (after saying why) when one is wrong.
+std::optional<int> check_combinations(const Options &o) {
   const bool no_weight =
-      std::all_of(o->mix.begin(), o->mix.end(), [](double weight) { return weight == 0; });
-  if (o->mutators != 0 && o->fork_rate == 0 && no_weight) {
+      std::all_of(o.mix.begin(), o.mix.end(), [](double weight) { return weight == 0; });
+  if (o.mutators != 0 && o.fork_rate == 0 && no_weight) {
     std::fprintf(stderr,
                  "mrcache-stress: --mix: every weight is 0 and --fork-rate is 0, so the mutators "
                  "would change nothing (-m 0 runs without them)\n");
     return 2;
   }
-  if (o->churn != 0 && o->churn_size == 0) {
+  if (o.churn != 0 && o.churn_size == 0) {
     std::fprintf(stderr, "mrcache-stress: --churn-size must be positive\n");
     return 2;
   }
-  if (o->backend == Backend::kIouring && o->max_size_given && o->max_size > kMaxIouringBytes) {
+  if (o.backend == Backend::kIouring && o.max_size_given && o.max_size > kMaxIouringBytes) {
     std::fprintf(stderr,
                  "mrcache-stress: --max-size: io_uring registers at most 1 GiB per buffer (the "
                  "kernel's limit); use --backend null for longer ranges\n");
     return 2;
   }
-  if (o->min_size == 0 || (o->max_size_given && o->max_size < o->min_size)) {
+  if (o.min_size == 0 || (o.max_size_given && o.max_size < o.min_size)) {
     std::fprintf(stderr, "mrcache-stress: need 0 < --min-size <= --max-size\n");
     return 2;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> parse_options(int argc, char **argv, Options *o) {
+  CommandLine cl;
+  cl.app.footer(kFooter);
+  cl.app.get_formatter()->column_width(34);
+  // A later option wins (scripts/stress.sh passes --duration 30 before the user's arguments).
+  cl.app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  o->mix_text = kDefaultMix;
+
+  declare_threads_and_duration(cl, o);
+  declare_backend_and_oracle(cl);
+  declare_workload(cl, o);
+  declare_limits_and_failures(cl, o);
+  declare_output_and_mode(cl, o);
+  declare_rdma(cl, o);
+  if (std::optional<int> code = parse(cl, argc, argv, o)) return code;
+  take_parsed(cl, o);
+  return check_combinations(*o);
 }
 
 }  // namespace stress
