@@ -852,56 +852,149 @@ std::vector<std::string> process_leaks(const Baseline &before, std::vector<std::
   return leaks;
 }
 
-int run_main(int argc, char **argv) {
-  Options opt;
-  if (std::optional<int> code = parse_options(argc, argv, &opt)) return *code;
-  g_parent_pid.store(getpid(), std::memory_order_relaxed);
+// One run, as the phases run() goes through top to bottom. A phase that can end the run early
+// returns the exit status to end it with; the members are what the phases hand on, declared in
+// the order they come to life, so that they are torn down in reverse.
+class Harness {
+ public:
+  explicit Harness(const Options &options) : opt_(options) {}
+  Harness(const Harness &) = delete;
+  Harness &operator=(const Harness &) = delete;
 
-  Output out;
-  Summary summary;
-  summary.version = mrc_version();
-  const Baseline before = take_baseline();
+  // REQUIRES: g_parent_pid is set. Returns the exit status of mrcache-stress.
+  int run();
 
-  if (!opt.seed_given) opt.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ now_ns();
-  std::vector<std::string> notes;
+ private:
+  // Set-up.
+  void record_start();
+  void choose_seed();
+  void fit_sizes();
+  std::optional<int> choose_oracle();
+  std::optional<int> open_backend();
+  void make_oracle();
+  void share_with_threads();
+  std::optional<int> create_cache();
+  void describe_monitor();
+  std::optional<int> map_pool();
+  void prepare_threads();
+  // The run.
+  void print_header();
+  void catch_signals();
+  void start_threads();
+  void wait_for_the_end();
+  void stop_threads();
+  // The final checks and the report.
+  void collect_cache_statistics();
+  void destroy_cache();
+  void check_registrations();
+  void release_everything();
+  void fill_summary();
+  void explain_unmap_window();
+  std::optional<int> check_resources();
+  void take_reports();
+  void print_result();
+  int write_json_and_judge();
 
-  // Pinning is charged to RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK: size the run so
-  // that it fits, rather than failing with "no memory".
-  const uint64_t budget = opt.backend == Backend::kNull ? 0 : pin_budget();
-  if (budget != 0) {
-    const uint64_t per_range = page_down(budget / (4 * (opt.threads + 4)));
-    if (!opt.max_size_given)
-      opt.max_size = std::max<uint64_t>(page_size(), std::min(opt.max_size, per_range));
-    if (!opt.max_bytes && std::getenv("MRC_MAX_BYTES") == nullptr) opt.max_bytes = budget / 2;
-    if (!opt.max_unreleased && std::getenv("MRC_MAX_UNRELEASED") == nullptr) {
-      opt.max_unreleased = budget / 8;
-    }
-    notes.push_back("RLIMIT_MEMLOCK is " + format_size(budget) +
-                    " and the process lacks CAP_IPC_LOCK: --max-size " + format_size(opt.max_size) +
-                    ", --max-bytes " + format_size(*opt.max_bytes) +
-                    " (raise `ulimit -l` for more)");
+  Options opt_;
+  Output out_;
+  Summary summary_;
+  Baseline before_;
+  std::vector<std::string> notes_;
+  OracleKind oracle_kind_ = OracleKind::kAuto;
+  int pagemap_fd_ = -1;
+  std::unique_ptr<BackendSetup> backend_;
+  std::unique_ptr<Oracle> oracle_;
+  Run run_;
+  mrc_cache_params_t params_{};
+  mrc_cache_t *cache_ = nullptr;
+  std::unique_ptr<Pool> pool_;
+  std::vector<std::thread> threads_;
+};
+
+int Harness::run() {
+  record_start();
+  choose_seed();
+  fit_sizes();
+  if (std::optional<int> code = choose_oracle()) return *code;
+  if (std::optional<int> code = open_backend()) return *code;
+  make_oracle();
+  share_with_threads();
+  if (std::optional<int> code = create_cache()) return *code;
+  describe_monitor();
+  if (std::optional<int> code = map_pool()) return *code;
+  prepare_threads();
+
+  print_header();
+  catch_signals();
+  start_threads();
+  wait_for_the_end();
+  stop_threads();
+
+  collect_cache_statistics();
+  destroy_cache();
+  check_registrations();
+  release_everything();
+  fill_summary();
+  explain_unmap_window();
+  if (std::optional<int> code = check_resources()) return *code;
+  take_reports();
+  print_result();
+  return write_json_and_judge();
+}
+
+// ---- set-up ----------------------------------------------------------------------------------
+
+// What the leak check compares with at the end.
+void Harness::record_start() {
+  summary_.version = mrc_version();
+  before_ = take_baseline();
+}
+
+void Harness::choose_seed() {
+  if (!opt_.seed_given) {
+    opt_.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ now_ns();
   }
-  if (opt.min_size > opt.max_size) opt.min_size = opt.max_size;
+}
 
-  // The oracle for this backend.
-  OracleKind oracle_kind = opt.oracle;
-  if (oracle_kind == OracleKind::kAuto) {
-    oracle_kind = opt.backend == Backend::kIouring ? OracleKind::kIouring
-                  : opt.backend == Backend::kVerbs ? OracleKind::kRdma
-                                                   : OracleKind::kPfn;
+// Pinning is charged to RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK: size the run so
+// that it fits, rather than failing with "no memory".
+void Harness::fit_sizes() {
+  const uint64_t budget = opt_.backend == Backend::kNull ? 0 : pin_budget();
+  if (budget != 0) {
+    const uint64_t per_range = page_down(budget / (4 * (opt_.threads + 4)));
+    if (!opt_.max_size_given)
+      opt_.max_size = std::max<uint64_t>(page_size(), std::min(opt_.max_size, per_range));
+    if (!opt_.max_bytes && std::getenv("MRC_MAX_BYTES") == nullptr) opt_.max_bytes = budget / 2;
+    if (!opt_.max_unreleased && std::getenv("MRC_MAX_UNRELEASED") == nullptr) {
+      opt_.max_unreleased = budget / 8;
+    }
+    notes_.push_back("RLIMIT_MEMLOCK is " + format_size(budget) +
+                     " and the process lacks CAP_IPC_LOCK: --max-size " +
+                     format_size(opt_.max_size) + ", --max-bytes " + format_size(*opt_.max_bytes) +
+                     " (raise `ulimit -l` for more)");
+  }
+  if (opt_.min_size > opt_.max_size) opt_.min_size = opt_.max_size;
+}
+
+// The oracle for this backend; the pfn oracle also needs the frames to be visible.
+std::optional<int> Harness::choose_oracle() {
+  oracle_kind_ = opt_.oracle;
+  if (oracle_kind_ == OracleKind::kAuto) {
+    oracle_kind_ = opt_.backend == Backend::kIouring ? OracleKind::kIouring
+                   : opt_.backend == Backend::kVerbs ? OracleKind::kRdma
+                                                     : OracleKind::kPfn;
   }
   const bool oracle_fits =
-      oracle_kind == OracleKind::kNone || oracle_kind == OracleKind::kPfn ||
-      (oracle_kind == OracleKind::kIouring && opt.backend == Backend::kIouring) ||
-      (oracle_kind == OracleKind::kRdma && opt.backend == Backend::kVerbs);
+      oracle_kind_ == OracleKind::kNone || oracle_kind_ == OracleKind::kPfn ||
+      (oracle_kind_ == OracleKind::kIouring && opt_.backend == Backend::kIouring) ||
+      (oracle_kind_ == OracleKind::kRdma && opt_.backend == Backend::kVerbs);
   if (!oracle_fits) {
     std::fprintf(stderr, "mrcache-stress: --oracle %s needs --backend %s\n",
-                 oracle_name(oracle_kind),
-                 oracle_kind == OracleKind::kIouring ? "iouring" : "verbs");
+                 oracle_name(oracle_kind_),
+                 oracle_kind_ == OracleKind::kIouring ? "iouring" : "verbs");
     return kExitUsage;
   }
-  int pagemap_fd = -1;
-  if (oracle_kind == OracleKind::kPfn) {
+  if (oracle_kind_ == OracleKind::kPfn) {
     std::string why;
     if (!frames_visible(&why)) {
       std::fprintf(stderr,
@@ -911,274 +1004,332 @@ int run_main(int argc, char **argv) {
                    why.c_str());
       return kExitUsage;
     }
-    pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    notes.push_back(
+    pagemap_fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    notes_.push_back(
         "pfn oracle: mappings get MADV_NOHUGEPAGE and MADV_DONTFORK (the null "
         "backend pins nothing, so THP collapse or copy-on-write would move frames); "
         "page migration by the kernel could still show as a false stale");
   }
+  return std::nullopt;
+}
 
+std::optional<int> Harness::open_backend() {
   BackendSetup::Config backend_config;
-  backend_config.backend = opt.backend;
-  backend_config.fail_rate = opt.fail_rate;
-  backend_config.seed = opt.seed;
-  backend_config.pagemap_fd = pagemap_fd;
-  backend_config.rdma_device = opt.rdma_device;
+  backend_config.backend = opt_.backend;
+  backend_config.fail_rate = opt_.fail_rate;
+  backend_config.seed = opt_.seed;
+  backend_config.pagemap_fd = pagemap_fd_;
+  backend_config.rdma_device = opt_.rdma_device;
   if (backend_config.rdma_device.empty() && std::getenv("RXE_DEV0") != nullptr) {
     backend_config.rdma_device = std::getenv("RXE_DEV0");
   }
-  backend_config.gid_index = opt.gid_index;
+  backend_config.gid_index = opt_.gid_index;
   std::string error;
-  std::unique_ptr<BackendSetup> backend = BackendSetup::create(backend_config, &error);
-  if (backend == nullptr) {
-    std::fprintf(stderr, "mrcache-stress: backend %s: %s%s\n", backend_name(opt.backend),
+  backend_ = BackendSetup::create(backend_config, &error);
+  if (backend_ == nullptr) {
+    std::fprintf(stderr, "mrcache-stress: backend %s: %s%s\n", backend_name(opt_.backend),
                  error.c_str(), address_space_note().c_str());
-    if (pagemap_fd >= 0) close(pagemap_fd);
+    if (pagemap_fd_ >= 0) close(pagemap_fd_);
     return kExitUsage;
   }
-  std::unique_ptr<Oracle> oracle;
-  switch (oracle_kind) {
+  return std::nullopt;
+}
+
+void Harness::make_oracle() {
+  switch (oracle_kind_) {
     case OracleKind::kIouring:
-      oracle = make_iouring_oracle(backend->iouring(), &backend->instrumented(), opt.check_pages);
+      oracle_ =
+          make_iouring_oracle(backend_->iouring(), &backend_->instrumented(), opt_.check_pages);
       break;
     case OracleKind::kPfn:
-      oracle = make_pfn_oracle(&backend->instrumented(), pagemap_fd, opt.check_pages);
+      oracle_ = make_pfn_oracle(&backend_->instrumented(), pagemap_fd_, opt_.check_pages);
       break;
     case OracleKind::kRdma:
-      oracle = make_rdma_oracle(backend->verbs(), &backend->instrumented(), opt.check_pages);
+      oracle_ = make_rdma_oracle(backend_->verbs(), &backend_->instrumented(), opt_.check_pages);
       break;
-    default: oracle = make_no_oracle(); break;
+    default: oracle_ = make_no_oracle(); break;
   }
-  if (oracle_kind == OracleKind::kNone) {
-    notes.push_back(
+  if (oracle_kind_ == OracleKind::kNone) {
+    notes_.push_back(
         "--oracle none: regions were not checked; this run proves nothing about "
         "staleness");
   }
+}
 
-  Run run;
-  run.opt = opt;
-  run.seed = opt.seed;
-  run.out = &out;
-  run.backend = backend.get();
-  run.oracle = oracle.get();
-  run.injecting = opt.fail_rate > 0;
-  g_run = &run;
+// From here on the library's log messages count into the run.
+void Harness::share_with_threads() {
+  run_.opt = opt_;
+  run_.seed = opt_.seed;
+  run_.out = &out_;
+  run_.backend = backend_.get();
+  run_.oracle = oracle_.get();
+  run_.injecting = opt_.fail_rate > 0;
+  g_run = &run_;
   mrc_set_log_handler(&log_handler, nullptr);
+}
 
-  mrc_cache_params_t params;
+// The cache as the environment configures it, with the mode and the limits the options
+// override.
+std::optional<int> Harness::create_cache() {
   char env_error[256];
-  if (mrc_cache_params_init_checked(&params, env_error, sizeof env_error) != MRC_OK) {
+  if (mrc_cache_params_init_checked(&params_, env_error, sizeof env_error) != MRC_OK) {
     std::fprintf(stderr, "mrcache-stress: %s\n", env_error);
     mrc_set_log_handler(nullptr, nullptr);
     return kExitUsage;
   }
-  params.name = "mrcache-stress";
-  const bool fast_from_env = (params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0 && !opt.fast;
-  if (opt.fast) {
-    params.flags = *opt.fast ? params.flags | MRC_FLAG_ORDERED_UNMAPS
-                             : params.flags & ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);
+  params_.name = "mrcache-stress";
+  const bool fast_from_env = (params_.flags & MRC_FLAG_ORDERED_UNMAPS) != 0 && !opt_.fast;
+  if (opt_.fast) {
+    params_.flags = *opt_.fast ? params_.flags | MRC_FLAG_ORDERED_UNMAPS
+                               : params_.flags & ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);
   }
-  run.fast = (params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0;
-  run.window_counted = !run.fast || opt.strict_unmap_window;
+  run_.fast = (params_.flags & MRC_FLAG_ORDERED_UNMAPS) != 0;
+  run_.window_counted = !run_.fast || opt_.strict_unmap_window;
   if (fast_from_env) {
-    notes.push_back("MRC_ORDERED_UNMAPS is set in the environment: fast mode (--exact overrides)");
+    notes_.push_back("MRC_ORDERED_UNMAPS is set in the environment: fast mode (--exact overrides)");
   }
-  if (!run.fast && opt.strict_unmap_window) {
-    notes.push_back("--strict-unmap-window changes nothing in exact mode: in-window hits count");
+  if (!run_.fast && opt_.strict_unmap_window) {
+    notes_.push_back("--strict-unmap-window changes nothing in exact mode: in-window hits count");
   }
-  params.backend = backend->backend();
-  params.backend_ctx = backend->backend_ctx();
-  if (opt.max_regions) params.max_regions = *opt.max_regions;
-  if (opt.max_bytes) params.max_bytes = *opt.max_bytes;
-  if (opt.max_unreleased) params.max_unreleased = *opt.max_unreleased;
-  mrc_cache_t *cache = nullptr;
-  mrc_status_t status = mrc_cache_create(&params, &cache);
+  params_.backend = backend_->backend();
+  params_.backend_ctx = backend_->backend_ctx();
+  if (opt_.max_regions) params_.max_regions = *opt_.max_regions;
+  if (opt_.max_bytes) params_.max_bytes = *opt_.max_bytes;
+  if (opt_.max_unreleased) params_.max_unreleased = *opt_.max_unreleased;
+  mrc_status_t status = mrc_cache_create(&params_, &cache_);
   if (status != MRC_OK) {
     std::fprintf(stderr, "mrcache-stress: mrc_cache_create: %s%s\n", mrc_status_string(status),
                  address_space_note().c_str());
     mrc_set_log_handler(nullptr, nullptr);
     return kExitUsage;
   }
-  run.cache = cache;
+  run_.cache = cache_;
+  return std::nullopt;
+}
+
+void Harness::describe_monitor() {
   mrc_monitor_info_t monitor{};
   if (mrc_monitor_info(&monitor) == MRC_OK) {
-    run.monitor_mode = monitor.mode_name != nullptr ? monitor.mode_name : "?";
-    summary.monitor_reason = monitor.reason;
+    run_.monitor_mode = monitor.mode_name != nullptr ? monitor.mode_name : "?";
+    summary_.monitor_reason = monitor.reason;
   } else {
-    run.monitor_mode = "unknown";
+    run_.monitor_mode = "unknown";
   }
   if (monitor.mode == MRC_MONITOR_UNCACHED) {
-    notes.push_back(
+    notes_.push_back(
         "the monitor runs uncached, so nothing is cached and hits stay at 0 (the "
         "run still checks every registration); see the monitor line for why");
   }
   if (std::getenv("MRC_TEST_DROP_EVENTS") != nullptr) {
-    notes.push_back(
+    notes_.push_back(
         "MRC_TEST_DROP_EVENTS is set: the monitor publishes no invalidation (a "
         "deliberately broken cache); the oracle should report stale use");
   }
+}
 
+// The pool's mappings; the run's clock starts here.
+std::optional<int> Harness::map_pool() {
   PoolConfig pool_config;
-  pool_config.slots = opt.slots;
-  pool_config.min_size = opt.min_size;
-  pool_config.max_size = opt.max_size;
-  pool_config.shared_fraction = opt.shared_fraction;
-  pool_config.stable_frames = oracle_kind == OracleKind::kPfn;
-  pool_config.private_slots = opt.churn;
-  pool_config.private_len = opt.churn_size;
-  run.start_ns = now_ns();
-  backend->instrumented().set_origin(run.start_ns);
-  auto pool = std::make_unique<Pool>(pool_config, mix64(opt.seed), run.start_ns);
-  if (!pool->setup_error().empty()) {
+  pool_config.slots = opt_.slots;
+  pool_config.min_size = opt_.min_size;
+  pool_config.max_size = opt_.max_size;
+  pool_config.shared_fraction = opt_.shared_fraction;
+  pool_config.stable_frames = oracle_kind_ == OracleKind::kPfn;
+  pool_config.private_slots = opt_.churn;
+  pool_config.private_len = opt_.churn_size;
+  run_.start_ns = now_ns();
+  backend_->instrumented().set_origin(run_.start_ns);
+  pool_ = std::make_unique<Pool>(pool_config, mix64(opt_.seed), run_.start_ns);
+  if (!pool_->setup_error().empty()) {
     // The run never started: a usage or machine problem, not a failure of the cache.
     std::fprintf(stderr,
                  "mrcache-stress: cannot map the pool's mappings (--slots %u of up to %s): %s%s\n",
-                 opt.slots, format_size(opt.max_size).c_str(), pool->setup_error().c_str(),
+                 opt_.slots, format_size(opt_.max_size).c_str(), pool_->setup_error().c_str(),
                  address_space_note().c_str());
-    pool.reset();
-    mrc_cache_destroy(cache);
+    pool_.reset();
+    mrc_cache_destroy(cache_);
     mrc_set_log_handler(nullptr, nullptr);
     g_run = nullptr;
-    if (pagemap_fd >= 0) close(pagemap_fd);
+    if (pagemap_fd_ >= 0) close(pagemap_fd_);
     return kExitUsage;
   }
-  run.pool = pool.get();
-  run.next_fork_ns.store(
-      opt.fork_rate > 0 ? run.start_ns + static_cast<uint64_t>(1e9 / opt.fork_rate) : 0);
-  for (unsigned i = 0; i < opt.threads + opt.mutators + opt.churn + opt.hot_threads; ++i) {
-    run.counters.push_back(std::make_unique<ThreadCounters>());
-  }
+  run_.pool = pool_.get();
+  return std::nullopt;
+}
 
-  if (!opt.quiet) {
-    char head[512];
-    std::snprintf(head, sizeof head,
-                  "mrcache-stress %s: %s mode, seed %llu, backend %s, oracle %s, monitor %s; "
-                  "%u workers, %u mutators, %u churn, %u hot, %u mappings of %s .. %s, %s",
-                  summary.version.c_str(), run.fast ? "fast" : "exact",
-                  static_cast<unsigned long long>(opt.seed), backend_name(opt.backend),
-                  oracle->name(), run.monitor_mode.c_str(), opt.threads, opt.mutators, opt.churn,
-                  opt.hot_threads, opt.slots, format_size(page_up(opt.min_size)).c_str(),
-                  format_size(opt.max_size).c_str(), format_duration(opt.duration_s).c_str());
-    out.line(head);
-    for (const std::string &note : notes) out.line("note: " + note);
+void Harness::prepare_threads() {
+  run_.next_fork_ns.store(
+      opt_.fork_rate > 0 ? run_.start_ns + static_cast<uint64_t>(1e9 / opt_.fork_rate) : 0);
+  for (unsigned i = 0; i < opt_.threads + opt_.mutators + opt_.churn + opt_.hot_threads; ++i) {
+    run_.counters.push_back(std::make_unique<ThreadCounters>());
   }
+}
 
+// ---- the run ---------------------------------------------------------------------------------
+
+void Harness::print_header() {
+  if (opt_.quiet) return;
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "mrcache-stress %s: %s mode, seed %llu, backend %s, oracle %s, monitor %s; "
+                "%u workers, %u mutators, %u churn, %u hot, %u mappings of %s .. %s, %s",
+                summary_.version.c_str(), run_.fast ? "fast" : "exact",
+                static_cast<unsigned long long>(opt_.seed), backend_name(opt_.backend),
+                oracle_->name(), run_.monitor_mode.c_str(), opt_.threads, opt_.mutators, opt_.churn,
+                opt_.hot_threads, opt_.slots, format_size(page_up(opt_.min_size)).c_str(),
+                format_size(opt_.max_size).c_str(), format_duration(opt_.duration_s).c_str());
+  out_.line(head);
+  for (const std::string &note : notes_) out_.line("note: " + note);
+}
+
+// SIGINT and SIGTERM end the run early, with its report.
+void Harness::catch_signals() {
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+}
 
-  std::vector<std::thread> threads;
+void Harness::start_threads() {
   try {
-    for (unsigned i = 0; i < opt.threads; ++i) {
-      threads.emplace_back(guarded, worker, std::ref(run), i);
+    for (unsigned i = 0; i < opt_.threads; ++i) {
+      threads_.emplace_back(guarded, worker, std::ref(run_), i);
     }
-    for (unsigned i = 0; i < opt.mutators; ++i) {
-      threads.emplace_back(guarded, mutator, std::ref(run), i);
+    for (unsigned i = 0; i < opt_.mutators; ++i) {
+      threads_.emplace_back(guarded, mutator, std::ref(run_), i);
     }
-    for (unsigned i = 0; i < opt.churn; ++i) {
-      threads.emplace_back(guarded, churner, std::ref(run), i);
+    for (unsigned i = 0; i < opt_.churn; ++i) {
+      threads_.emplace_back(guarded, churner, std::ref(run_), i);
     }
-    for (unsigned i = 0; i < opt.hot_threads; ++i) {
-      threads.emplace_back(guarded, hot_thread, std::ref(run), i);
+    for (unsigned i = 0; i < opt_.hot_threads; ++i) {
+      threads_.emplace_back(guarded, hot_thread, std::ref(run_), i);
     }
   } catch (const std::exception &e) {
     // A thread could not start (std::system_error: EAGAIN under RLIMIT_AS or RLIMIT_NPROC):
     // stop and join the ones that did, as a resource failure.
-    std::lock_guard lock(run.report_mutex);
-    run.resource_failure =
-        std::string("starting thread ") + std::to_string(threads.size() + 1) + ": " + e.what();
-    run.stop.store(true, std::memory_order_relaxed);
+    std::lock_guard lock(run_.report_mutex);
+    run_.resource_failure =
+        std::string("starting thread ") + std::to_string(threads_.size() + 1) + ": " + e.what();
+    run_.stop.store(true, std::memory_order_relaxed);
   }
+}
 
+// Until the duration is over, a thread stops the run or a signal comes; with progress lines.
+void Harness::wait_for_the_end() {
   const double interval =
-      opt.progress_interval_s > 0 ? opt.progress_interval_s : (out.tty() ? 0.5 : 10.0);
+      opt_.progress_interval_s > 0 ? opt_.progress_interval_s : (out_.tty() ? 0.5 : 10.0);
   double next_progress = interval;
   uint64_t last_ops = 0;
   double last_time = 0;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const double elapsed = run.elapsed_s();
+    const double elapsed = run_.elapsed_s();
     if (g_interrupted.load(std::memory_order_relaxed)) {
-      summary.notes.push_back("interrupted by a signal after " + format_duration(elapsed));
-      run.stop.store(true, std::memory_order_relaxed);
+      summary_.notes.push_back("interrupted by a signal after " + format_duration(elapsed));
+      run_.stop.store(true, std::memory_order_relaxed);
     }
-    if (elapsed >= opt.duration_s || run.stop.load(std::memory_order_relaxed)) break;
-    if (!opt.quiet && elapsed >= next_progress) {
-      const Totals totals = sum(run.all_counters());
+    if (elapsed >= opt_.duration_s || run_.stop.load(std::memory_order_relaxed)) break;
+    if (!opt_.quiet && elapsed >= next_progress) {
+      const Totals totals = sum(run_.all_counters());
       mrc_stats_t stats{};
-      (void)mrc_cache_stats(cache, &stats);
+      (void)mrc_cache_stats(cache_, &stats);
       const double rate = static_cast<double>(totals.ops - last_ops) / (elapsed - last_time);
-      out.progress(progress_text(elapsed, opt.duration_s, totals, stats, rate));
+      out_.progress(progress_text(elapsed, opt_.duration_s, totals, stats, rate));
       last_ops = totals.ops;
       last_time = elapsed;
       next_progress = elapsed + interval;
     }
   }
-  summary.stopped_early = run.stop.load(std::memory_order_relaxed);
-  run.stop.store(true, std::memory_order_relaxed);
-  for (std::thread &t : threads) t.join();
-  summary.duration_s = run.elapsed_s();
-  out.finish_progress();
+}
 
-  // Statistics, then tear everything down and look for what was left behind.
-  (void)mrc_cache_stats(cache, &summary.cache);
-  int json_len = mrc_cache_stats_json(cache, nullptr, 0);
+void Harness::stop_threads() {
+  summary_.stopped_early = run_.stop.load(std::memory_order_relaxed);
+  run_.stop.store(true, std::memory_order_relaxed);
+  for (std::thread &t : threads_) t.join();
+  summary_.duration_s = run_.elapsed_s();
+  out_.finish_progress();
+}
+
+// ---- the final checks and the report ---------------------------------------------------------
+
+void Harness::collect_cache_statistics() {
+  (void)mrc_cache_stats(cache_, &summary_.cache);
+  int json_len = mrc_cache_stats_json(cache_, nullptr, 0);
   if (json_len > 0) {
     std::string json(static_cast<size_t>(json_len) + 1, '\0');
-    json_len = mrc_cache_stats_json(cache, json.data(), json.size());
+    json_len = mrc_cache_stats_json(cache_, json.data(), json.size());
     json.resize(static_cast<size_t>(std::max(json_len, 0)));
-    summary.cache_json = json;
+    summary_.cache_json = json;
   }
-  summary.unmap_waits = cache_json_counter(summary.cache_json, "unmap_waits");
-  mrc_cache_destroy(cache);
-  run.cache = nullptr;
-  summary.leaks = backend->leaks();
-  const uint64_t invalidates = sum(run.all_counters()).invalidates;
-  summary.invalidate_callbacks = run.invalidate_callbacks.load();
-  if (summary.invalidate_callbacks != invalidates) {
-    summary.leaks.push_back(std::to_string(invalidates - summary.invalidate_callbacks) +
-                            " mrc_invalidate completion callbacks never ran");
+  summary_.unmap_waits = cache_json_counter(summary_.cache_json, "unmap_waits");
+}
+
+void Harness::destroy_cache() {
+  mrc_cache_destroy(cache_);
+  run_.cache = nullptr;
+}
+
+// With the cache gone, every registration must have been deregistered and every invalidation
+// completed.
+void Harness::check_registrations() {
+  summary_.leaks = backend_->leaks();
+  const uint64_t invalidates = sum(run_.all_counters()).invalidates;
+  summary_.invalidate_callbacks = run_.invalidate_callbacks.load();
+  if (summary_.invalidate_callbacks != invalidates) {
+    summary_.leaks.push_back(std::to_string(invalidates - summary_.invalidate_callbacks) +
+                             " mrc_invalidate completion callbacks never ran");
   }
-  summary.registrations = backend->instrumented().registrations();
-  summary.deregistrations = backend->instrumented().deregistrations();
-  summary.injected_backend = backend->injected();
+  summary_.registrations = backend_->instrumented().registrations();
+  summary_.deregistrations = backend_->instrumented().deregistrations();
+  summary_.injected_backend = backend_->injected();
+}
+
+// Then the process must be back where it started: pinned and locked memory, files, threads.
+void Harness::release_everything() {
   mrc_set_log_handler(nullptr, nullptr);
   g_run = nullptr;
-  pool.reset();
-  oracle.reset();
-  backend.reset();
-  if (pagemap_fd >= 0) close(pagemap_fd);
-  for (std::string &leak : process_leaks(before, &notes)) summary.leaks.push_back(std::move(leak));
+  pool_.reset();
+  oracle_.reset();
+  backend_.reset();
+  if (pagemap_fd_ >= 0) close(pagemap_fd_);
+  for (std::string &leak : process_leaks(before_, &notes_)) {
+    summary_.leaks.push_back(std::move(leak));
+  }
+}
 
-  summary.seed = opt.seed;
-  summary.backend = backend_name(opt.backend);
-  summary.oracle = oracle_name(oracle_kind);
-  summary.monitor_mode = run.monitor_mode;
-  summary.requested_s = opt.duration_s;
-  summary.threads = opt.threads;
-  summary.mutators = opt.mutators;
-  summary.churn = opt.churn;
-  summary.churn_size = page_up(opt.churn_size);
-  summary.fast = run.fast;
-  summary.window_counted = run.window_counted;
-  summary.min_size = page_up(opt.min_size);
-  summary.max_size = opt.max_size;
-  summary.max_regions = params.max_regions;
-  summary.max_bytes = params.max_bytes;
-  summary.max_unreleased = params.max_unreleased;
-  summary.fail_rate = opt.fail_rate;
-  summary.totals = sum(run.all_counters());
-  const std::string in_window = std::to_string(summary.totals.stale_window);
-  if (summary.totals.stale_window != 0 && !run.fast) {
-    notes.push_back(in_window +
-                    " of the stale hits were on addresses another thread was still unmapping "
-                    "when the get began. Exact mode promises those too (each get probes the "
-                    "kernel for unmaps in flight and waits for them), so the cache failed; the "
-                    "reports' window lines name the unmap");
-  } else if (summary.totals.stale_window != 0 && !run.window_counted) {
-    notes.push_back(
+void Harness::fill_summary() {
+  summary_.seed = opt_.seed;
+  summary_.backend = backend_name(opt_.backend);
+  summary_.oracle = oracle_name(oracle_kind_);
+  summary_.monitor_mode = run_.monitor_mode;
+  summary_.requested_s = opt_.duration_s;
+  summary_.threads = opt_.threads;
+  summary_.mutators = opt_.mutators;
+  summary_.churn = opt_.churn;
+  summary_.churn_size = page_up(opt_.churn_size);
+  summary_.fast = run_.fast;
+  summary_.window_counted = run_.window_counted;
+  summary_.min_size = page_up(opt_.min_size);
+  summary_.max_size = opt_.max_size;
+  summary_.max_regions = params_.max_regions;
+  summary_.max_bytes = params_.max_bytes;
+  summary_.max_unreleased = params_.max_unreleased;
+  summary_.fail_rate = opt_.fail_rate;
+  summary_.totals = sum(run_.all_counters());
+}
+
+// What the stale hits inside the unmap window mean in this mode.
+void Harness::explain_unmap_window() {
+  const std::string in_window = std::to_string(summary_.totals.stale_window);
+  if (summary_.totals.stale_window != 0 && !run_.fast) {
+    notes_.push_back(in_window +
+                     " of the stale hits were on addresses another thread was still unmapping "
+                     "when the get began. Exact mode promises those too (each get probes the "
+                     "kernel for unmaps in flight and waits for them), so the cache failed; the "
+                     "reports' window lines name the unmap");
+  } else if (summary_.totals.stale_window != 0 && !run_.window_counted) {
+    notes_.push_back(
         in_window +
         " in-window hit(s), on addresses another thread was still unmapping when "
         "the get began: the kernel hands an address to a new mapping before "
@@ -1187,68 +1338,89 @@ int run_main(int argc, char **argv) {
         "by another thread at that moment can get the old registration. What fast "
         "mode gives up; not counted as stale (--strict-unmap-window counts them, "
         "exact mode closes the window)");
-  } else if (run.fast && opt.churn == 0) {
-    notes.push_back(
+  } else if (run_.fast && opt_.churn == 0) {
+    notes_.push_back(
         "fast mode without churn threads (--churn 0): the unmap window is rarely "
         "reached, so 0 in-window hits says little");
   }
+}
+
+// Out of memory, address space or threads: the run did not finish, so it proves nothing
+// either way. Exit 2 with the reason, not FAILED.
+std::optional<int> Harness::check_resources() {
   // Every error was for lack of memory, under an address-space limit (each error line names it):
   // the machine could not hold the run, as when the threads or the pool are refused.
-  const uint64_t no_memory = run.no_memory_errors.load(std::memory_order_relaxed);
-  if (run.resource_failure.empty() && no_memory != 0 && no_memory == summary.totals.errors &&
-      summary.totals.stale == 0 && !address_space_reached().empty()) {
-    run.resource_failure = std::to_string(no_memory) + " operation(s) failed for lack of memory";
+  const uint64_t no_memory = run_.no_memory_errors.load(std::memory_order_relaxed);
+  if (run_.resource_failure.empty() && no_memory != 0 && no_memory == summary_.totals.errors &&
+      summary_.totals.stale == 0 && !address_space_reached().empty()) {
+    run_.resource_failure = std::to_string(no_memory) + " operation(s) failed for lack of memory";
   }
-  if (!run.resource_failure.empty()) {
-    // Out of memory, address space or threads: the run did not finish, so it proves nothing
-    // either way. Exit 2 with the reason, not FAILED.
+  if (!run_.resource_failure.empty()) {
     std::fprintf(stderr, "mrcache-stress: the run stopped for lack of resources: %s%s\n",
-                 run.resource_failure.c_str(), address_space_note().c_str());
+                 run_.resource_failure.c_str(), address_space_note().c_str());
     return kExitUsage;
   }
-  summary.forks = run.forks.load();
-  summary.log_warnings = run.log_warnings.load();
-  summary.log_errors = run.log_errors.load();
-  // A library error message is an error of the run.
-  summary.totals.errors += summary.log_errors;
-  summary.stale_reports = run.stale_reports;
-  summary.window_reports = run.window_reports;
-  summary.errors = run.errors;
-  for (std::string &note : notes) summary.notes.push_back(std::move(note));
+  return std::nullopt;
+}
 
-  if (opt.quiet) {
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "mrcache-stress: %s: %s mode, %llu ops in %s, %llu stale, %zu leaks, %llu "
-                  "errors, %llu injected failures (seed %llu, monitor %s)",
-                  summary.passed() ? "PASSED" : "FAILED", run.fast ? "fast" : "exact",
-                  static_cast<unsigned long long>(summary.totals.ops),
-                  format_duration(summary.duration_s).c_str(),
-                  static_cast<unsigned long long>(summary.totals.stale), summary.leaks.size(),
-                  static_cast<unsigned long long>(summary.totals.errors),
-                  static_cast<unsigned long long>(summary.totals.injected),
-                  static_cast<unsigned long long>(summary.seed), summary.monitor_mode.c_str());
-    out.line(line);
-    if (summary.totals.stale_window != 0) {
-      out.line("  " + in_window +
-               " stale hit(s) while another thread's unmap of the address was in flight" +
-               (!run.fast            ? " (counted: exact mode)"
-                : run.window_counted ? " (counted: --strict-unmap-window)"
-                                     : " (not counted: fast mode)"));
-    }
-    for (const std::string &leak : summary.leaks) out.line("  leak: " + leak);
-  } else {
-    out.line(summary_table(summary));
+void Harness::take_reports() {
+  summary_.forks = run_.forks.load();
+  summary_.log_warnings = run_.log_warnings.load();
+  summary_.log_errors = run_.log_errors.load();
+  // A library error message is an error of the run.
+  summary_.totals.errors += summary_.log_errors;
+  summary_.stale_reports = run_.stale_reports;
+  summary_.window_reports = run_.window_reports;
+  summary_.errors = run_.errors;
+  for (std::string &note : notes_) summary_.notes.push_back(std::move(note));
+}
+
+// --quiet: one line (and any in-window hits and leaks); else the summary table.
+void Harness::print_result() {
+  if (!opt_.quiet) {
+    out_.line(summary_table(summary_));
+    return;
   }
-  if (!opt.json_path.empty()) {
-    std::ofstream file(opt.json_path);
-    file << summary_json(summary);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "mrcache-stress: %s: %s mode, %llu ops in %s, %llu stale, %zu leaks, %llu "
+                "errors, %llu injected failures (seed %llu, monitor %s)",
+                summary_.passed() ? "PASSED" : "FAILED", run_.fast ? "fast" : "exact",
+                static_cast<unsigned long long>(summary_.totals.ops),
+                format_duration(summary_.duration_s).c_str(),
+                static_cast<unsigned long long>(summary_.totals.stale), summary_.leaks.size(),
+                static_cast<unsigned long long>(summary_.totals.errors),
+                static_cast<unsigned long long>(summary_.totals.injected),
+                static_cast<unsigned long long>(summary_.seed), summary_.monitor_mode.c_str());
+  out_.line(line);
+  if (summary_.totals.stale_window != 0) {
+    out_.line("  " + std::to_string(summary_.totals.stale_window) +
+              " stale hit(s) while another thread's unmap of the address was in flight" +
+              (!run_.fast            ? " (counted: exact mode)"
+               : run_.window_counted ? " (counted: --strict-unmap-window)"
+                                     : " (not counted: fast mode)"));
+  }
+  for (const std::string &leak : summary_.leaks) out_.line("  leak: " + leak);
+}
+
+int Harness::write_json_and_judge() {
+  if (!opt_.json_path.empty()) {
+    std::ofstream file(opt_.json_path);
+    file << summary_json(summary_);
     if (!file) {
-      std::fprintf(stderr, "mrcache-stress: cannot write %s\n", opt.json_path.c_str());
+      std::fprintf(stderr, "mrcache-stress: cannot write %s\n", opt_.json_path.c_str());
       return kExitFailed;
     }
   }
-  return summary.passed() ? kExitPassed : kExitFailed;
+  return summary_.passed() ? kExitPassed : kExitFailed;
+}
+
+int run_main(int argc, char **argv) {
+  Options opt;
+  if (std::optional<int> code = parse_options(argc, argv, &opt)) return *code;
+  g_parent_pid.store(getpid(), std::memory_order_relaxed);
+  Harness harness(opt);
+  return harness.run();
 }
 
 }  // namespace
