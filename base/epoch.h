@@ -68,7 +68,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
+
+#include "base/mutex.h"
 
 namespace mrc {
 
@@ -174,25 +175,27 @@ class EpochDomain {
   detail::EpochSlot *find_own_slot() const noexcept;
   detail::EpochSlot *acquire_slot() noexcept;
   void release_slot(detail::EpochSlot *slot) noexcept;
-  void decide_mode_locked() noexcept;
+  void decide_mode_locked() noexcept MRC_REQUIRES(mutex_);
   void heavy_barrier() const noexcept;
-  bool grace_period_done_locked() noexcept;
-  void start_grace_period_locked() noexcept;
-  detail::RetiredList advance_locked(bool force) noexcept;
+  bool grace_period_done_locked() noexcept MRC_REQUIRES(mutex_);
+  void start_grace_period_locked() noexcept MRC_REQUIRES(mutex_);
+  detail::RetiredList advance_locked(bool force) noexcept MRC_REQUIRES(mutex_);
   void reclaim(detail::RetiredList list) noexcept;
-  void fork_child_locked() noexcept;
+  void fork_child_locked() noexcept MRC_REQUIRES(mutex_);
 
   // Read by every reader fast path: kept on a line of their own, never written after start-up.
   alignas(64) uint64_t id_;
   std::atomic<bool> light_barrier_{false};
 
-  alignas(64) mutable std::mutex mutex_;
-  bool force_fences_ = false;          // immutable
-  bool mode_decided_ = false;          // mutex_
-  bool grace_period_active_ = false;   // mutex_
-  size_t threads_ = 0;                 // mutex_: slots in use
-  detail::RetiredList current_;        // mutex_: retired since the last grace period
-  detail::RetiredList waiting_;        // mutex_: the batch of the grace period in flight
+  // GUARDED_BY: docs/DESIGN.md, "Contracts the compiler checks". The chunks' in_use and
+  // snapshot are under it too (another struct: comments only).
+  alignas(64) mutable Mutex mutex_;
+  bool force_fences_ = false;  // immutable
+  bool mode_decided_ MRC_GUARDED_BY(mutex_) = false;
+  bool grace_period_active_ MRC_GUARDED_BY(mutex_) = false;
+  size_t threads_ MRC_GUARDED_BY(mutex_) = 0;           // slots in use
+  detail::RetiredList current_ MRC_GUARDED_BY(mutex_);  // retired since the last grace period
+  detail::RetiredList waiting_ MRC_GUARDED_BY(mutex_);  // the batch of the grace period in flight
   std::atomic<size_t> pending_{0};     // objects in current_, waiting_ or being reclaimed
   std::atomic<size_t> reclaiming_{0};  // batches detached whose callbacks still run
   EpochDomain *next_live_ = nullptr;   // EpochRegistry::mutex

@@ -13,6 +13,11 @@ set(MRC_C_WARNINGS -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-proto
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
   list(APPEND MRC_WARNINGS -Wno-restrict)
 endif()
+# clang checks the locking contracts written with base/mutex.h's annotations (docs/DESIGN.md,
+# "Contracts the compiler checks"); GCC has no such analysis and ignores them.
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  list(APPEND MRC_WARNINGS -Wthread-safety -Wthread-safety-beta)
+endif()
 if(MRC_WERROR)
   list(APPEND MRC_WARNINGS -Werror)
   list(APPEND MRC_C_WARNINGS -Werror)

@@ -18,10 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "base/error.h"
 #include "base/futex.h"
+#include "base/mutex.h"
 #include "base/proc_maps.h"
 #include "base/sized.h"
 #include "base/ticks.h"
@@ -64,7 +64,7 @@ void say_uncached_once(const char *reason) noexcept {
 
 // ---- lifecycle (REQUIRES: g_monitor.mutex) ----
 
-void close_run_locked(bool in_forked_child = false) noexcept {
+void close_run_locked(bool in_forked_child = false) noexcept MRC_REQUIRES(g_monitor.mutex) {
   // Drops every registration and releases any waiting thread. The monitor thread closed it
   // itself if it ran (and the number may belong to someone else by now).
   g_probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
@@ -90,7 +90,7 @@ void close_run_locked(bool in_forked_child = false) noexcept {
   g_monitor.running = false;
 }
 
-void become_uncached_locked(bool unavailable) noexcept {
+void become_uncached_locked(bool unavailable) noexcept MRC_REQUIRES(g_monitor.mutex) {
   close_run_locked();
   g_monitor.mode.store(MRC_MONITOR_UNCACHED, std::memory_order_relaxed);
   g_monitor.features = 0;
@@ -100,7 +100,7 @@ void become_uncached_locked(bool unavailable) noexcept {
 // The mode was negotiated, but its run could not start: caching is off. The reason says so and
 // why; negotiation's text described the mode as if it ran, so only the mode's name is kept.
 void fail_start_locked(mrc_monitor_mode_t negotiated, const char *what,
-                       const char *error_name = nullptr) noexcept {
+                       const char *error_name = nullptr) noexcept MRC_REQUIRES(g_monitor.mutex) {
   Text why{g_monitor.reason, sizeof(g_monitor.reason)};
   why.add("%s", what);
   if (error_name != nullptr) why.add(" (%s)", error_name);
@@ -132,7 +132,7 @@ uint64_t default_vma_budget() noexcept {
 // measured (no memory, the registration refused, a test has paused the monitor). The churn
 // learner weighs it against what caching saves (docs/DESIGN.md, "Churn"); about a tenth of a
 // millisecond once per monitor start.
-uint64_t measure_round_trip() noexcept {
+uint64_t measure_round_trip() noexcept MRC_REQUIRES(g_monitor.mutex) {
   if (g_paused.load(std::memory_order_relaxed)) return 0;
   const size_t page = g_monitor.run.page_size;
   constexpr int kSamples = 3;
@@ -367,14 +367,15 @@ bool evict_idle_watches_locked() noexcept {
 
 namespace {
 
-void before_fork() noexcept { g_monitor.mutex.lock(); }
+// The handlers hand the mutex from prepare to parent or child: ACQUIRE and RELEASE say so.
+void before_fork() noexcept MRC_ACQUIRE(g_monitor.mutex) { g_monitor.mutex.lock(); }
 
-void after_fork_in_parent() noexcept { g_monitor.mutex.unlock(); }
+void after_fork_in_parent() noexcept MRC_RELEASE(g_monitor.mutex) { g_monitor.mutex.unlock(); }
 
 // The child has no monitor thread, and its VMAs lost their registration (no EVENT_FORK). Drop
 // the inherited descriptors (closing them here does not affect the parent's), forget the watch
 // table and tell every subscription, through its next drain(), to forget its regions.
-void after_fork_in_child() noexcept {
+void after_fork_in_child() noexcept MRC_RELEASE(g_monitor.mutex) {
   close_run_locked(/*in_forked_child=*/true);
   g_monitor.queue.reset_after_fork();
   for (Subscription *subscription = g_monitor.subscriptions; subscription != nullptr;
@@ -414,7 +415,7 @@ uint64_t Monitor::round_trip_ticks() noexcept {
 
 void Monitor::info(mrc_monitor_info_t *out) noexcept {
   if (out == nullptr) return;
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   if (g_monitor.subscribers == 0) {
     // Nothing runs: report what a start would choose now.
     detail::Negotiated probe = detail::negotiate(g_monitor.reason, sizeof(g_monitor.reason));

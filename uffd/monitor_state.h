@@ -50,8 +50,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "mrcache/mrcache.h"
 #include "uffd/queue.h"
 #include "uffd/subscription.h"
@@ -86,31 +86,36 @@ struct MonitorRun {
 };
 
 // The registry: one per process (g_monitor), guarded by its mutex (see SYNCHRONIZATION).
+// Its plain fields are GUARDED_BY the mutex (docs/DESIGN.md, "Contracts the compiler checks");
+// queue, internal and watches are not: the monitor thread and the watch fast path use them
+// without it (their own headers say how).
 struct MonitorState {
-  std::mutex mutex;
+  Mutex mutex;
   InvalidationQueue queue;
   Subscription internal{&queue};  // the watch table's own cursor
-  Subscription *subscriptions = nullptr;
-  size_t subscribers = 0;
+  Subscription *subscriptions MRC_GUARDED_BY(mutex) = nullptr;
+  size_t subscribers MRC_GUARDED_BY(mutex) = 0;
 
   // The negotiated mode (of the current run, or of the last negotiation).
   std::atomic<int> mode{MRC_MONITOR_UNCACHED};
-  uint64_t features = 0;
-  char reason[256] = "";
-  bool negotiated = false;
+  uint64_t features MRC_GUARDED_BY(mutex) = 0;
+  char reason[256] MRC_GUARDED_BY(mutex) = "";
+  bool negotiated MRC_GUARDED_BY(mutex) = false;
 
   // The current run.
-  bool running = false;      // the monitor thread is up
-  bool needs_start = false;  // subscribers exist but no monitor runs (a forked child)
-  int uffd = -1;
-  uint64_t register_mode = 0;
-  int control = -1;
-  io_uring ring{};
-  bool ring_ready = false;
-  pthread_t thread{};
-  void *stack = nullptr;
-  size_t stack_bytes = 0;
-  MonitorRun run;
+  bool running MRC_GUARDED_BY(mutex) = false;  // the monitor thread is up
+  // Subscribers exist but no monitor runs (a forked child).
+  bool needs_start MRC_GUARDED_BY(mutex) = false;
+  int uffd MRC_GUARDED_BY(mutex) = -1;
+  uint64_t register_mode MRC_GUARDED_BY(mutex) = 0;
+  int control MRC_GUARDED_BY(mutex) = -1;
+  io_uring ring MRC_GUARDED_BY(mutex){};
+  bool ring_ready MRC_GUARDED_BY(mutex) = false;
+  pthread_t thread MRC_GUARDED_BY(mutex){};
+  void *stack MRC_GUARDED_BY(mutex) = nullptr;
+  size_t stack_bytes MRC_GUARDED_BY(mutex) = 0;
+  // The monitor thread reads it through the pointer it was started with, without the lock.
+  MonitorRun run MRC_GUARDED_BY(mutex);
   std::atomic<uint64_t> events{0};
   // What an unmap of watched memory costs the unmapping thread beyond a plain unmap (the
   // monitor's round trip), in os::ticks(): measured by start_locked(), 0 while unknown. Read
@@ -156,21 +161,21 @@ extern constinit std::atomic<bool (*)()> g_drop_events;
 // The monitor thread's body (monitor_thread.cc); arg: the MonitorRun.
 void *monitor_main(void *arg);
 
-// ---- lifecycle (monitor.cc; REQUIRES: g_monitor.mutex) ----
+// ---- lifecycle (monitor.cc; each REQUIRES g_monitor.mutex) ----
 
 // Negotiates the mode and starts the monitor thread, or falls back to uncached mode.
-void start_locked() noexcept;
+void start_locked() noexcept MRC_REQUIRES(g_monitor.mutex);
 // Stops the monitor thread and releases the run.
-void stop_locked() noexcept;
+void stop_locked() noexcept MRC_REQUIRES(g_monitor.mutex);
 // Keeps the watch table in step with the kernel: UNMAP and REMAP took registrations away (a
 // REMAP's record is the old range; the moved VMA keeps its registration at the new address,
 // where the table records nothing: a watch there registers it again, a no-op for the kernel).
 // Nothing to follow while no monitor runs: the table is empty and the queue may be released
 // (uncached mode).
-void sync_watches_locked() noexcept;
+void sync_watches_locked() noexcept MRC_REQUIRES(g_monitor.mutex);
 // Unregisters idle watch entries (past the limit, or to make room under the VMA budget), after
 // syncing the table, when no unmap of watched memory is in flight. Never waits for the monitor:
 // with an unmap in flight it leaves them for a later call and returns false.
-bool evict_idle_watches_locked() noexcept;
+bool evict_idle_watches_locked() noexcept MRC_REQUIRES(g_monitor.mutex);
 
 }  // namespace mrc::uffd::detail

@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <mutex>
 #include <new>
 
 #include "base/check.h"
+#include "base/mutex.h"
 #include "uffd/internal.h"
 #include "uffd/monitor_state.h"
 #include "uffd/negotiation.h"
@@ -115,7 +115,7 @@ mrc_status_t subscribe(Subscription **out) {
   detail::ensure_fork_handlers();
   Subscription *subscription = new (std::nothrow) Subscription(&g_monitor.queue);
   if (subscription == nullptr) return MRC_ERR_NO_MEMORY;
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   if (g_monitor.subscribers == 0 || g_monitor.needs_start) detail::start_locked();
   subscription->cursor_.store(g_monitor.queue.head(), std::memory_order_relaxed);
   subscription->next_ = g_monitor.subscriptions;
@@ -128,7 +128,7 @@ mrc_status_t subscribe(Subscription **out) {
 
 void unsubscribe(Subscription *subscription) {
   if (subscription == nullptr) return;
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   if (subscription->prev_ != nullptr) {
     subscription->prev_->next_ = subscription->next_;
   } else {

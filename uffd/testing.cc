@@ -5,8 +5,8 @@
 #include "uffd/testing.h"
 
 #include <atomic>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "uffd/monitor_state.h"
 #include "uffd/watch_table.h"
 
@@ -38,15 +38,15 @@ void set_before_register_hook(void (*hook)(uintptr_t start, uintptr_t end)) {
   detail::g_before_register.store(hook, std::memory_order_relaxed);
 }
 void with_registry_locked(void (*fn)(void *arg), void *arg) {
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   fn(arg);
 }
 int monitor_fd() {
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   return g_monitor.running ? g_monitor.uffd : -1;
 }
 const char *monitor_loop() {
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   if (!g_monitor.running) return "none";
   switch (static_cast<detail::LoopKind>(g_monitor.run.loop.load(std::memory_order_relaxed))) {
     case detail::LoopKind::NotStarted: return "not started";

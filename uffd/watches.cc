@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 
 #include "base/epoch.h"
+#include "base/mutex.h"
 #include "uffd/internal.h"
 #include "uffd/monitor_state.h"
 
@@ -55,7 +55,7 @@ WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
     if (g_monitor.internal.quiescent() && g_monitor.watches.try_watch_fast(lo, hi))
       return WatchResult::Watched;
   }
-  std::lock_guard<std::mutex> hold(g_monitor.mutex);
+  MutexLock hold(g_monitor.mutex);
   if (g_monitor.needs_start) start_locked();
   if (!g_monitor.internal.quiescent()) sync_watches_locked();
   WatchResult result = g_monitor.watches.watch(lo, hi, why, why_len);
@@ -110,7 +110,7 @@ void unwatch_many(const WatchRange *ranges, size_t count) {
       }
     }
     if (locked == 0) continue;
-    std::lock_guard<std::mutex> hold(g_monitor.mutex);
+    MutexLock hold(g_monitor.mutex);
     if (!g_monitor.internal.quiescent()) sync_watches_locked();
     for (size_t i = 0; i < chunk; ++i) {
       if ((locked & (uint64_t{1} << i)) == 0) continue;

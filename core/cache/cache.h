@@ -103,9 +103,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
 #include "backends/backends.h"
+#include "base/check.h"
+#include "base/mutex.h"
 #include "core/cache/churn_hints.h"
 #include "core/cache/counters.h"
 #include "core/cache/parking_line.h"
@@ -155,18 +156,20 @@ class Cache {
   // its cache), and only a try when it holds another cache's mutex (reg using another cache:
   // two such regs, each in a cache the other wants, would wait for each other). wait=true
   // always blocks (destroy after its checks, the fork handler).
-  class Lock {
+  // A scoped capability made unlocked: the analysis sees mutex_ held after an acquire that
+  // returned true, until release() or the end of the scope.
+  class MRC_SCOPED_CAPABILITY Lock {
    public:
-    explicit Lock(Cache &cache) noexcept : cache_(cache) {}
-    ~Lock() {
+    explicit Lock(Cache &cache) noexcept MRC_EXCLUDES(cache.mutex_) : cache_(cache) {}
+    ~Lock() MRC_RELEASE() {
       if (held_) release();
     }
     Lock(const Lock &) = delete;
     Lock &operator=(const Lock &) = delete;
-    [[nodiscard]] bool acquire(bool wait = false) noexcept;
+    [[nodiscard]] bool acquire(bool wait = false) noexcept MRC_TRY_ACQUIRE(true);
     // For the fork prepare handler: waits for mutex_ unless its holder runs reg (false).
-    [[nodiscard]] bool acquire_unless_reg_runs() noexcept;
-    void release() noexcept;
+    [[nodiscard]] bool acquire_unless_reg_runs() noexcept MRC_TRY_ACQUIRE(true);
+    void release() noexcept MRC_RELEASE();
 
    private:
     void enter() noexcept;
@@ -174,9 +177,15 @@ class Cache {
     InsideFrame frame_{};
     bool held_ = false;
   };
+  // Tells the analysis that this thread holds mutex_ where it cannot follow the lock: in a
+  // callback that runs under it, or where this thread's frames say so (reentry.h; checked in
+  // debug builds).
+  void assert_held() const noexcept MRC_ASSERT_CAPABILITY(mutex_) {
+    MRC_DASSERT(inside(this, Inside::Lock));
+  }
   // Whether the application holds a region (a reference that is not the table's or parked);
   // takes parked references back. Under mutex_; regions whose count ended go on deferred_.
-  bool held_locked() noexcept;
+  bool held_locked() noexcept MRC_REQUIRES(mutex_);
 
   // get() after its checks: [start, end) is [address, request_end) rounded out to the alignment.
   [[gnu::always_inline]] inline mrc_status_t get_range(uintptr_t address, uintptr_t request_end,
@@ -205,10 +214,10 @@ class Cache {
   void promote(Region *region) noexcept;
   // The backend's reg, under mutex_, with reg_state_ kRegRunning around it (SYNCHRONIZATION).
   mrc_status_t call_reg(uintptr_t start, uintptr_t end, unsigned prot, void **handle,
-                        uint64_t *key) noexcept;
+                        uint64_t *key) noexcept MRC_REQUIRES(mutex_);
   // The fork prepare handler's take of mutex_: true once taken, false when its holder runs reg
   // (reg_state_ is kRegForking then).
-  bool lock_or_skip_for_fork() noexcept;
+  bool lock_or_skip_for_fork() noexcept MRC_TRY_ACQUIRE(true, mutex_);
   // churning: the get took one of its range's churn tickets (ChurnHints::take_skip), and
   // registers uncached with no lookup (and no probe before: unmaps is Read).
   mrc_status_t get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
@@ -216,55 +225,57 @@ class Cache {
   bool verify_pfns(Region *region) noexcept;
 
   // Under mutex_.
-  void drain_locked() noexcept;
-  void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept;
-  void remove_locked(Region *region) noexcept;
+  void drain_locked() noexcept MRC_REQUIRES(mutex_);
+  void invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept MRC_REQUIRES(mutex_);
+  void remove_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
   // Whether a cached region's reuses saved more than its watch and its unmap cost.
   static bool caching_paid(const Region &region) noexcept;
-  bool over_bound_locked() const noexcept;
-  void evict_locked() noexcept;
-  size_t evict_unused_locked() noexcept;
+  bool over_bound_locked() const noexcept MRC_REQUIRES(mutex_);
+  void evict_locked() noexcept MRC_REQUIRES(mutex_);
+  size_t evict_unused_locked() noexcept MRC_REQUIRES(mutex_);
   // Registers [start, end) merged with the regions it overlaps, watched and in the table; with
   // cacheable=false exactly the request, handed out uncached (deregistered at its last put).
   // When the backend is out of resources and `evicted` is given, evicts every unused region and
   // sets *evicted (MRC_ERR_NO_MEMORY): the caller deregisters them after the lock and retries.
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
-                               bool cacheable, bool *evicted, Region **out) noexcept;
+                               bool cacheable, bool *evicted, Region **out) noexcept
+      MRC_REQUIRES(mutex_);
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
-  // last one a walk from the head reaches.
+  // last one a walk from the head reaches. Static, so no REQUIRES (it cannot name mutex_): they
+  // change only the ring passed in, and passing lru_hand_ by reference needs mutex_ (checked).
   static void ring_insert_locked(Region *&head, Region *region) noexcept;
   static void ring_remove_locked(Region *&head, Region *region) noexcept;
 
-  void purge_locked(bool deregister) noexcept;
+  void purge_locked(bool deregister) noexcept MRC_REQUIRES(mutex_);
   // Clears kParkable and takes back region's parked references: at once from the caller's own
   // line, else later by reclaim_parked_locked() from the owner's (see SYNCHRONIZATION). Regions
   // whose count then ends go on deferred_.
-  void unpark_locked(Region *region) noexcept;
-  void reclaim_parked_locked() noexcept;
+  void unpark_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
+  void reclaim_parked_locked() noexcept MRC_REQUIRES(mutex_);
   // Clears kParkable on every cached region and reclaims what was parked (eviction needs the
   // regions no one really uses). Returns whether any region was parkable.
-  bool unpark_all_locked() noexcept;
-  void live_insert_locked(Region *region) noexcept;
+  bool unpark_all_locked() noexcept MRC_REQUIRES(mutex_);
+  void live_insert_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
 
   // Dropping references. A region whose count reached zero is finished outside mutex_ (on the
   // put path, or after the lock for those collected on deferred_) and pushed on finished_, then
   // unlinked from the live list and retired by reap_finished_locked.
   void release(Region *region) noexcept;
   void release_last(Region *region) noexcept;  // the count reached zero (kDead): ours to end
-  void defer_locked(Region *region) noexcept;
-  Region *take_deferred_locked() noexcept;
+  void defer_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
+  Region *take_deferred_locked() noexcept MRC_REQUIRES(mutex_);
   void finish_all(Region *list) noexcept;
   void finish(Region *region) noexcept;
   void end_registration(Region *region, bool deregister) noexcept;
-  void reap_finished_locked() noexcept;
-  void retire_batch_locked() noexcept;
-  void unlink_live_locked(Region *region) noexcept;
+  void reap_finished_locked() noexcept MRC_REQUIRES(mutex_);
+  void retire_batch_locked() noexcept MRC_REQUIRES(mutex_);
+  void unlink_live_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
   void finish_dereg_batch() noexcept;
   // Region memory: the epoch domain's reclaim callback (any thread) pushes each retired batch
   // on recycled_; mutex_ holders allocate from free_regions_ and refill it from recycled_ in one
   // exchange.
-  Region *allocate_region_locked() noexcept;
-  void free_region_locked(Region *region) noexcept;
+  Region *allocate_region_locked() noexcept MRC_REQUIRES(mutex_);
+  void free_region_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
   static void recycle_regions(void *chain) noexcept;
 
   char name_[64] = "mrcache";
@@ -288,13 +299,16 @@ class Cache {
   uffd::Subscription *subscription_ = nullptr;
   PageTable table_;
 
-  std::mutex mutex_;
-  Region *lru_hand_ = nullptr;   // mutex_: the CLOCK hand over the ring of cached regions
-  Region *live_head_ = nullptr;  // mutex_: list of every region not yet retired
-  size_t table_entries_ = 0;     // mutex_: regions in the table, failures included
-  size_t cached_regions_ = 0;    // mutex_: registered regions in the table
-  size_t cached_bytes_ = 0;      // mutex_
-  Region *deferred_ = nullptr;   // mutex_: count reached zero under the lock
+  // It guards the fields marked GUARDED_BY (docs/DESIGN.md, "Contracts the compiler checks").
+  // The Region fields marked "mutex_" belong to another class, where the analysis cannot name
+  // this lock: they stay comments, as table_ and churn_ do (they have lock-free readers).
+  Mutex mutex_;
+  Region *lru_hand_ MRC_GUARDED_BY(mutex_) = nullptr;   // the CLOCK hand over the cached regions
+  Region *live_head_ MRC_GUARDED_BY(mutex_) = nullptr;  // every region not yet retired
+  size_t table_entries_ MRC_GUARDED_BY(mutex_) = 0;     // regions in the table, failures too
+  size_t cached_regions_ MRC_GUARDED_BY(mutex_) = 0;    // registered regions in the table
+  size_t cached_bytes_ MRC_GUARDED_BY(mutex_) = 0;
+  Region *deferred_ MRC_GUARDED_BY(mutex_) = nullptr;  // count reached zero under the lock
   // Last put of invalid regions whose deregistration waits for a batch (max_unreleased).
   std::atomic<Region *> dereg_batch_{nullptr};
   std::atomic<uint64_t> dereg_batch_bytes_{0};
@@ -303,15 +317,16 @@ class Cache {
   // per batch).
   static constexpr size_t kRetireBatch = 32;
   static constexpr uint64_t kReapEvery = 8;  // slow-path gets per reap of finished_
-  Region *retiring_[kRetireBatch] = {};
-  size_t retiring_count_ = 0;
+  Region *retiring_[kRetireBatch] MRC_GUARDED_BY(mutex_) = {};
+  size_t retiring_count_ MRC_GUARDED_BY(mutex_) = 0;
 
   // A region earns kParkable after this many consecutive fast-path hits by one thread: the
   // reclaim at its removal costs a membarrier, which a region used once should not pay.
   static constexpr uint32_t kPromoteAfter = 8;
   static constexpr size_t kLines = kThreadSlots;
   static_assert(kLines <= Region::kAnyOwner);
-  uint64_t lines_to_reclaim_[kLines / 64] = {};  // mutex_: owners' lines marked by unpark_locked
+  // Owners' lines marked by unpark_locked.
+  uint64_t lines_to_reclaim_[kLines / 64] MRC_GUARDED_BY(mutex_) = {};
   ParkingLine parking_[kLines];
 
   ShardedCounters hot_;
@@ -326,13 +341,13 @@ class Cache {
     uint64_t unreleased_bytes;  // ever left the table referenced; plus Counter::UnreleasedBytes
                                 // minus Counter::ReleasedBytes = still waiting
     uint64_t size_histogram[64];
-  } slow_{};
+  } slow_ MRC_GUARDED_BY(mutex_){};
   std::atomic<uint64_t> pfn_mismatches_{0};  // counted on the fast path, outside mutex_
 
   static constexpr size_t kFreeRegionsMax = 4096;  // beyond it, region memory goes back to malloc
   std::atomic<Region *> recycled_{nullptr};
-  Region *free_regions_ = nullptr;  // mutex_
-  size_t free_count_ = 0;           // mutex_
+  Region *free_regions_ MRC_GUARDED_BY(mutex_) = nullptr;
+  size_t free_count_ MRC_GUARDED_BY(mutex_) = 0;
 
   Cache *fork_next_ = nullptr;  // the process's list of caches (fork handling)
   // Set by the fork prepare handler when the forking thread holds mutex_ (a fork inside reg):

@@ -157,11 +157,13 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
     region->refcount.store(Region::kDead, std::memory_order_relaxed);
     cache->finish(region);  // pushes it on finished_; the live list is walked, not changed
   }
+  Region *free_regions = nullptr;
   {
     Lock lock(*cache);
     MRC_CHECK(lock.acquire(/*wait=*/true));
     cache->reap_finished_locked();
     cache->retire_batch_locked();
+    free_regions = cache->free_regions_;  // only a mutex_ holder changes it, and none is left
   }
   if (in_use != 0) {
     MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
@@ -172,7 +174,7 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
     if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
   }
   epoch_domain().synchronize();  // every retired region is back in the pool
-  for (Region *list : {cache->free_regions_, cache->recycled_.exchange(nullptr)}) {
+  for (Region *list : {free_regions, cache->recycled_.exchange(nullptr)}) {
     while (list != nullptr) {
       Region *next = list->gc_next;
       delete list;

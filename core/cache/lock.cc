@@ -19,7 +19,7 @@ constinit thread_local InsideFrame *tls_inside = nullptr;
 
 bool Cache::Lock::acquire(bool wait) noexcept {
   MRC_DASSERT(!held_);
-  if (inside(&cache_, Inside::Lock)) {  // std::mutex is not recursive
+  if (inside(&cache_, Inside::Lock)) {  // mrc::Mutex is not recursive
     set_last_error("cache %s: called back from its own backend's reg, which runs under its lock",
                    cache_.name_);
     return false;

@@ -23,6 +23,7 @@ void Cache::release_last(Region *region) noexcept {
   if (inside(this, Inside::Lock)) {
     // A put from inside a reg: the region is finished after the unlock by this thread, which
     // takes deferred_ before it unlocks (get_slow), never under mutex_.
+    assert_held();
     defer_locked(region);
     return;
   }

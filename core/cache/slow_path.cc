@@ -155,6 +155,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
 
 void Cache::drain_locked() noexcept {
   uffd::DrainResult result = subscription_->drain([this](const uffd::Invalidation &record) {
+    assert_held();  // drain calls back on this thread, under mutex_
     ++slow_.unmap_events;
     invalidate_range_locked(record.start, record.end);
   });

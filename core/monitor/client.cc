@@ -90,7 +90,7 @@ mrc_status_t Client::close() noexcept {
     pthread_join(delivery_thread_, nullptr);
   }
   {
-    std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+    MutexLock hold(subscriptions_mutex_);
     subscriptions_.clear([in_owner](const Range &range) {
       if (in_owner) unwatch_all(range);
     });
@@ -115,7 +115,7 @@ mrc_status_t Client::subscribe(uintptr_t start, uintptr_t end) noexcept {
   }
   // Every subscription is a watch of its own, even of a range already subscribed: that one's
   // memory may have been replaced since, and the new mapping is not watched yet.
-  std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+  MutexLock hold(subscriptions_mutex_);
   char why[256];
   if (uffd::watch(start, end - start, why, sizeof why) != uffd::WatchResult::Watched) {
     counters_.subscribes_refused.fetch_add(1, std::memory_order_relaxed);
@@ -136,7 +136,7 @@ mrc_status_t Client::subscribe(uintptr_t start, uintptr_t end) noexcept {
 }
 
 mrc_status_t Client::unsubscribe(uintptr_t start, uintptr_t end) noexcept {
-  std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+  MutexLock hold(subscriptions_mutex_);
   Range *range = subscriptions_.find(start, end);
   if (range == nullptr) {
     set_last_error("mrc_monitor_unsubscribe: [%#lx, %#lx) is not subscribed",
@@ -168,7 +168,7 @@ mrc_status_t Client::deliver(size_t *delivered) noexcept {
     set_last_error("mrc_monitor_deliver: called from the monitor's own notify");
     return MRC_ERR_BUSY;
   }
-  std::lock_guard<std::mutex> hold(delivery_mutex_);
+  MutexLock hold(delivery_mutex_);
   const size_t count = deliver_locked();
   if (delivered != nullptr) *delivered = count;
   return MRC_OK;
@@ -180,7 +180,7 @@ size_t Client::deliver_locked() noexcept {
     counters_.records.fetch_add(1, std::memory_order_relaxed);
     bool overlapping = false;
     {
-      std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+      MutexLock hold(subscriptions_mutex_);
       if (one_shot_) {
         // Ended before notify runs: a subscription the runtime makes after this point is for
         // memory registered after the change, and stays.
@@ -226,11 +226,11 @@ void Client::notify_whole_space(WholeSpace why) noexcept {
   if (why == WholeSpace::Forked) {
     // The parent's subscriptions are gone with its registrations; the child's watch table is
     // empty, so there is nothing to unwatch either.
-    std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+    MutexLock hold(subscriptions_mutex_);
     counters_.ended_by_delivery.fetch_add(subscriptions_.size(), std::memory_order_relaxed);
     subscriptions_.clear([](const Range &) {});
   } else if (one_shot_) {
-    std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+    MutexLock hold(subscriptions_mutex_);
     counters_.ended_by_delivery.fetch_add(subscriptions_.size(), std::memory_order_relaxed);
     subscriptions_.clear(unwatch_all);
   }
@@ -242,7 +242,7 @@ void *Client::delivery_main(void *self) noexcept {
   while (!client->stop_.load(std::memory_order_acquire)) {
     client->subscription_->wait_for_records(kDeliveryNapNs);
     if (client->stop_.load(std::memory_order_acquire)) break;
-    std::lock_guard<std::mutex> hold(client->delivery_mutex_);
+    MutexLock hold(client->delivery_mutex_);
     client->deliver_locked();
   }
   return nullptr;
@@ -250,7 +250,7 @@ void *Client::delivery_main(void *self) noexcept {
 
 void Client::stats(mrc_monitor_stats_t *out) noexcept {
   {
-    std::lock_guard<std::mutex> hold(subscriptions_mutex_);
+    MutexLock hold(subscriptions_mutex_);
     out->subscriptions = subscriptions_.size();
   }
   const auto load = [](const std::atomic<uint64_t> &counter) {

@@ -26,8 +26,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-
+#include "base/mutex.h"
 #include "core/monitor/subscription_set.h"
 #include "mrcache/monitor.h"
 #include "uffd/subscription.h"
@@ -56,8 +55,8 @@ class Client {
   Client &operator=(const Client &) = delete;
 
   static void *delivery_main(void *self) noexcept;
-  // REQUIRES: delivery_mutex_. Drains every record, notifying those that overlap a subscription.
-  size_t deliver_locked() noexcept;
+  // Drains every record, notifying those that overlap a subscription.
+  size_t deliver_locked() noexcept MRC_REQUIRES(delivery_mutex_);
   void notify(uintptr_t start, uintptr_t end) noexcept;
   enum class WholeSpace { Lost, Forked };
   void notify_whole_space(WholeSpace why) noexcept;
@@ -68,10 +67,10 @@ class Client {
   uffd::Subscription *const subscription_;
   const pid_t owner_pid_;
 
-  std::mutex subscriptions_mutex_;
-  SubscriptionSet subscriptions_;
+  Mutex subscriptions_mutex_;
+  SubscriptionSet subscriptions_ MRC_GUARDED_BY(subscriptions_mutex_);
 
-  std::mutex delivery_mutex_;
+  Mutex delivery_mutex_;
   pthread_t delivery_thread_{};
   bool has_delivery_thread_ = false;
   std::atomic<bool> stop_{false};
