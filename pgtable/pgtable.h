@@ -1,113 +1,30 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The radix page table: maps page-aligned, non-overlapping [start, end) ranges to regions.
+// The radix page table: maps page-aligned, non-overlapping [start, end) ranges to regions, for
+// lock-free readers and one writer. The shape notes (canonical form, kept nodes, lookup's
+// critical path, windows, address width) and why the rules below hold: docs/DESIGN.md,
+// "The page table".
 //
-// Shape. A radix tree over page numbers: leaves (level 0) have 2^kLeafBits slots of one page
-// each, inner nodes 2^kInnerBits slots (PageTable: 16-slot leaves, 128-slot inner nodes). A node
-// starts with a header word (the first address of the block it covers, with its level in the low
-// bits), then its slots. A slot covers an aligned block of addresses and holds one word:
-//   0                 no region intersects the block;
-//   region            the region covers the block, or is the only one intersecting it;
-//   node | 1          two or more regions intersect the block; the node covers the smallest
-//                     aligned node-sized block holding all of them, one level below the slot;
-//   node | 2 | 1      the same, with levels skipped between the slot and the node (path
-//                     compression; the node's header holds its level and its block).
-// The form is canonical (a function of the set of regions): every node has at least two
-// non-empty slots and sees at least two regions, except for a few kept nodes (below). Consequences:
-// - A region alone in its neighbourhood is one entry, as high as it is alone; a region beside
-//   others is stored at the highest levels whose blocks it covers whole (huge entries): at most
-//   one node's worth of entries per level and two descents (one per end), so a region of N pages
-//   costs O(fanout * log N) entries, never O(N); a 1 TiB region is a few dozen stores.
-// - Depth follows how the regions are spread, not the address width, and there are at most
-//   regions - 1 nodes whatever the layout, plus the kept nodes and the nodes above them that they
-//   hold up (at most kKeptNodes * kLevels).
-// - Hysteresis: a removal that leaves the lowest node it touched with one region does not always
-//   collapse it. Up to kKeptNodes such nodes stay (kept), so that a region inserted there again
-//   (a cache missing next to a cached neighbour, over and over) is one slot store and its removal
-//   one slot clear: no node made, filled, unlinked and recycled per round trip. Kept nodes are
-//   replaced oldest first, only while keeping pays (inserts landing in kept nodes earn the credit
-//   an eviction spends) or, to age them out, once per kAgeRemovals removals that could not keep
-//   their node. An evicted node collapses as a removal would collapse it; a kept node left empty
-//   collapses at once; settle() collapses them all.
-// - lookup() is at most kLevels dependent loads (one per node) and a check of the region's
-//   bounds; for regions clustered in a few GiB it is 2 to 4 loads. The critical path is the
-//   loads alone: the root's slot is a bias (from root_ and its header, which do not wait for the
-//   address) plus the address shifted; each next index is computed from the address and the
-//   expected level while a load is in flight, the next slot's address is the loaded word plus a
-//   constant (a node entry without skip is the node's address + 1), and a region entry is the
-//   region's address. At the last inner level, where a region and a leaf are equally likely when
-//   sizes mix, the leaf's slot is read without a branch (conditional moves). The bounds check is
-//   a branch, not a data dependency, so a hit does not wait for it; it is made for regions found
-//   in slots wider than a page (a region found in a page's slot covers the page, and its line is
-//   not read). A skipped level is the predicted-not-taken case; the entry of a node below skipped
-//   levels carries the node's level, so that its prefix check (a header load) is a branch off
-//   the path too; and a hint predicts the root's level.
-// - Windows: when the root is an inner node at level 2 (every region inside one level-2 node's
-//   block: 1 GiB for PageTable) and the blocks its slots cover are mostly split into level-1
-//   nodes, the level-1 slots of those blocks are also laid out as one array, the
-//   window (the nodes' slots side by side, a slot of the root that holds a region or a flat node
-//   spelled out as level-1 slots). lookup() then starts at the window, indexed by the address
-//   alone: one dependent load less than through the root. A root above that holds nothing but
-//   up to kWindows level-2 nodes (a process's heap and mmap area, 40 TiB apart) gets a window
-//   for each of them by the same rule; lookup() picks the one holding the address without a
-//   branch, saving the root's and the level-2 node's loads. A window mirrors the tree (the
-//   writer stores every change of a level-1 node's slot or of the mirrored node's slots in both,
-//   before retiring anything the old value pointed to); it is rebuilt when the node's occupied
-//   slots outgrow it, and dropped when its node stops being one of those (retired, or the root
-//   holds something else) or its slots thin out. It covers the node's occupied slots only; it is
-//   built when at least half of them hold a node and kept while a quarter do, so it costs at most
-//   four times the bytes of the level-1 nodes it mirrors.
-// - Fanout: small leaves keep memory per region low where region boundaries are dense (a leaf
-//   only where two regions meet inside one), wide inner nodes keep the tree shallow;
-//   tools/bench/bench_pgtable.cc measures the alternatives (PgtLookup/ours-<inner>x<leaf>).
-// - Nodes come from a per-table NodePool (node_pool.h): free lists fed by unlinked nodes once a
-//   grace period has passed, and chunks backed by huge pages once the table is large.
-//
-// Address width. kAddressBits = 57: every user-space address on x86-64 with 4- or 5-level paging
-// (user space below 2^47 or 2^56) and on aarch64 with 48- or 52-bit VAs. Wider addresses cannot
-// be user addresses: insert() rejects them with MRC_ERR_INVALID, lookup() returns nullptr. The
-// levels above 48 bits cost nothing for clustered regions (path compression skips them) and one
-// compare per lookup.
-//
-// SYNCHRONIZATION
-//   Writer: one thread at a time calls insert(), remove(), purge() (the caller serialises them,
-//     e.g. the cache's mutex), and may call lookup() and for_each_overlapping() without a guard.
-//     size_, nodes_, bytes_ and root_level_ are atomics so that any thread may read them
-//     (relaxed: statistics, and a hint that lookup() checks against the root's header). An inner
-//     node's occupancy bitmap and child count, the kept nodes and the hint to the last one used,
-//     the windows' bookkeeping (the nodes they mirror and the slots they cover), and the node pool,
-//     are the writer's alone;
-//     readers never read them.
-//   Readers: lookup() and for_each_overlapping() from any thread, inside an EpochGuard of the
-//     table's domain, concurrently with the writer. No lock, no store to shared memory. A walk
-//     concurrent with the writer is not a snapshot: it visits every region present for the
-//     whole walk exactly once, in address order among themselves, but a region inserted or
-//     removed meanwhile may be visited or not, and may overlap one visited before it (the
-//     cache walks only under its writer lock).
-//   Publication: every slot (and root_) is a std::atomic<uintptr_t>. The writer fills a new node
-//     while it is private, then publishes it with a release store into its parent slot; readers
-//     load every slot with acquire, so a node's slots and its immutable header are visible before
-//     the node is. A region's start/end are published the same way and must not change while the
-//     region is in the table, or while a reader may still hold it. (jemalloc's rtree reads child
-//     pointers relaxed because its entries are never invalidated under a live reader; here
-//     invalidation races with lookups by design, so the loads are acquire.)
-//   Linearisation: a region becomes visible slot by slot and disappears slot by slot. A lookup
-//     that starts after remove(region) returned (happens-after) never returns it; one that
-//     overlaps insert() or remove() returns the region or nullptr. A lookup never returns a
-//     region that does not contain the address (it checks the bounds of every region it finds in
-//     a slot wider than a page; a page slot only ever holds a region covering that page).
-//   Windows: published with a release store into windows_[k] (complete, filled from the tree),
-//     kept equal to the tree slot by slot, replaced or dropped (windows_[k] set to another window
-//     or null) and then retired to the EpochDomain. A reader that loaded an old window may read
-//     slots the writer no longer updates: it started before the change that made them stale, so
-//     either answer is allowed, and every node they point to was retired after the reader's guard
-//     began (it waits for the reader).
-//   Reclamation: the writer unlinks a node (release store into its parent) and only then retires
-//     it to the pool, which hands it out again only after a grace period of the EpochDomain:
-//     every guard that might have seen it has ended (node_pool.h). The pool's chunks are unmapped
-//     when the table and every batch still waiting for the domain are gone. Regions are the
-//     caller's: remove() only unlinks them; the caller retires them afterwards.
-//   Progress: lookup() is wait-free (at most kLevels iterations); for_each_overlapping() is
-//     wait-free and bounded by the entries it visits; the writer never waits for readers.
+// SYNCHRONIZATION (docs/DESIGN.md, "Lock-free readers, one writer")
+//   1. One writer at a time: insert, remove, purge, settle (the caller serialises them, e.g. the
+//      cache's mutex); the writer may also call lookup and for_each_overlapping without a guard.
+//   2. Readers (lookup, for_each_overlapping) run on any thread inside an EpochGuard of the
+//      table's domain, concurrently with the writer; they take no lock and store nothing shared.
+//   3. The writer's alone, never read by readers: inner nodes' occupancy bitmaps and child counts,
+//      the kept nodes and the hint to the last one used, the windows' bookkeeping, the node pool.
+//   4. size_, nodes_, bytes_, root_level_ are atomics any thread may read relaxed: statistics,
+//      and a hint that lookup checks against the root's header.
+//   5. Slots, root_ and windows_[k] are published by release stores of complete nodes and
+//      windows; readers load them with acquire.
+//   6. A region's start and end do not change while it is in the table or a reader may hold it.
+//   7. A concurrent walk is no snapshot: regions present throughout are visited once, in address
+//      order; others may be visited or not, and may overlap one visited before.
+//   8. A lookup after remove(region) returned never returns it; one overlapping insert or remove
+//      returns the region or nullptr; none returns a region that does not contain the address.
+//   9. A node is unlinked (release) before it is retired to the pool, a window before it is
+//      retired to the domain; removed regions are the caller's to retire.
+//  10. lookup and for_each_overlapping are wait-free; the writer never waits for readers.
+//  11. Addresses at or above kAddressLimit (2^57) are no user addresses: insert refuses them
+//      (MRC_ERR_INVALID), lookup returns nullptr.
 #pragma once
 
 #include <atomic>
@@ -163,8 +80,9 @@ class RadixPageTable {
   // kFlatUntil >= 3: a removal leaves a flat node with a group of two regions (it never collapses).
   static_assert(!kFlats || (kFlatUntil >= 3 && kFlatFrom > kFlatUntil));
 
-  // Hysteresis (see the shape notes): nodes a removal may leave in place with a single region, and
-  // the removals that could not keep their node after which the oldest kept node is evicted anyway.
+  // Hysteresis (docs/DESIGN.md, "Kept nodes"): nodes a removal may leave in place with a single
+  // region, and the removals that could not keep their node after which the oldest kept node is
+  // evicted anyway.
   static constexpr unsigned kKeptNodes = 8;
   static constexpr unsigned kAgeRemovals = 64;
 
@@ -210,7 +128,7 @@ class RadixPageTable {
   size_t flat_count() const noexcept { return flats_; }
   // Writer: the node pool (free and waiting nodes, chunks mapped), for tests and statistics.
   const NodePool &pool() const noexcept { return pool_; }
-  // Writer: nodes kept by the hysteresis (see the shape notes), for tests and statistics.
+  // Writer: nodes kept by the hysteresis (docs/DESIGN.md, "Kept nodes"), for tests and statistics.
   size_t kept_count() const noexcept { return kept_count_; }
   // Writer: collapses every kept node, leaving the canonical form.
   void settle() noexcept;
@@ -257,7 +175,7 @@ class RadixPageTable {
   static constexpr uintptr_t kLevelMask = 0xff;
   static_assert(kLevels <= kLevelMask && (kLevelMask >> kPageShift) == 0);
   static constexpr unsigned kLeafClass = 0, kInnerClass = 1, kFlatClass = 2;
-  // The level of the nodes windows mirror (see the shape notes), and a window's layout: a
+  // The level of the nodes windows mirror (docs/DESIGN.md, "Windows"), and a window's layout: a
   // header, then count level-1 slots (the blocks from first << slot_shift(1) on).
   static constexpr unsigned kWindowLevel = 2;
   static_assert(kLevels > kWindowLevel);
@@ -584,8 +502,8 @@ inline PgtRegion *RadixPageTable<kInnerBits, kLeafBits>::lookup(uintptr_t addres
   uintptr_t bounds = entry;
   if ((entry & kTagMask) != 0) {
     if ((entry & kNodeTag) != 0) {
-      // A table with a window (see the shape notes) has the same shape for a long time: the branch
-      // predicts well, and the window's header does not wait for the address.
+      // A table with a window (docs/DESIGN.md, "Windows") has the same shape for a long time: the
+      // branch predicts well, and the window's header does not wait for the address.
       if (const Window *window = windows_[0].load(std::memory_order_acquire); window != nullptr) {
         const uintptr_t block = address >> slot_shift(1);
         uintptr_t bias = window->bias;
