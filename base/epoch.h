@@ -2,67 +2,28 @@
 // Epoch-based reclamation: memory that lock-free readers may still be looking at is freed only
 // after every reader that could have seen it has left its critical section.
 //
-// SYNCHRONIZATION
-//
-// Actors.
-//   Readers: any thread, inside an EpochGuard (nestable, any number per thread). A reader only
-//     loads shared data; it never blocks, takes no lock and makes no system call on the fast
-//     path (the first guard of a thread in a domain registers a slot under the domain mutex).
-//   Retirers: any thread except the uffd monitor (reclaim callbacks may free registered memory,
-//     and an munmap on the monitor thread would wait for the monitor itself). A retirer first
-//     unlinks an object so that no reader starting later can reach it, then calls retire().
-//   Reclaimers: whichever thread calls retire(), poll() or synchronize(); reclaim callbacks run on
-//     that thread, outside the domain mutex, and may call retire() again. They must not take a
-//     lock the retiring thread may hold (retire() can run callbacks of earlier objects).
-//
-// Reader slots (detail::EpochSlot, one cache line each, owned by one thread at a time).
-//   seq: even = outside any guard, odd = inside one. Only the owner writes it; reclaimers read
-//     it. The owner's outermost guard stores seq+1 on entry and seq+1 again on exit, so every
-//     critical section has a distinct odd value: a reclaimer that saw value v and later sees any
-//     other value knows that critical section v has ended (no ABA: the count never repeats).
-//   depth: nesting count, touched only by the owner.
-//   The slot registry (chunks of slots, in_use flags, grace-period snapshots) is guarded by the
-//   domain mutex; chunks are appended with a release store of `next` and never freed before the
-//   domain, so wait_for_readers() walks them without the mutex (acquire loads).
-//   A thread gets a slot lazily on its first guard and gives it back from a thread_local
-//   destructor at thread exit; a later thread reuses it (its seq keeps counting up).
-//
-// The barrier pair (the heart of it).
-//   Reader entry: seq.store(odd) then a barrier, then the reader's loads of shared data.
-//   Reclaimer: objects are unlinked before retire(); a grace period starts with a heavy barrier,
-//     then reads every slot (acquire).
-//   Either the reader's odd store is visible to the reclaimer's scan (it waits for that critical
-//   section to end), or the reader's later loads come after the heavy barrier and see the unlink
-//   (the object is unreachable to it). Which barriers:
-//   - membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) mode (registered once per process with
-//     MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED): the reader's barrier is compiler-only
-//     (atomic_signal_fence) and its store relaxed; the system call makes every running thread of
-//     the process execute a full memory barrier, which orders the reader's store before its loads
-//     whenever that ordering matters. About 0.3 us per grace period here, paid by the reclaimer.
-//   - fence mode (membarrier unavailable, or built with MRC_TSAN: ThreadSanitizer cannot see
-//     membarrier): a seq_cst fence on both sides, the reader's store a release.
-//   The mode is chosen once per domain, under the mutex, before the first slot is handed out, and
-//   never changes, so every reader fast path agrees with the reclaimer.
-//   Reader exit: seq.store(even, release); pairs with the reclaimer's acquire load of seq, so all
-//   the reader's loads happen before the reclaimer frees anything it saw.
-//
-// Retired objects.
-//   retire() appends (object, reclaim) to the current batch under the mutex. When the batch
-//   reaches kBatch objects (and on poll()), a grace period starts for it: heavy barrier, then a
-//   snapshot of every odd slot. It completes when each snapshotted slot has changed; usually no
-//   reader is inside a guard and it completes at once. One grace period is in flight at a time;
-//   what is retired meanwhile waits in the next batch, so at most two batches plus whatever is
-//   retired during the longest guard are pending. retire() and poll() never wait for readers.
-//   synchronize() waits (spinning, then yielding) for every reader inside a guard at the time of
-//   the call; it must not be called inside a guard of the same domain (checked).
-//
-// Fork: prepare takes the registry and every domain mutex; the child frees every slot that the
-//   forking thread does not own (those threads do not exist in the child), so grace periods in the
-//   child never wait for them.
-//
-// Progress: guard entry and exit are wait-free. retire() and poll() are blocking only on the
-//   domain mutex (held for O(threads) work, never while waiting for a reader). synchronize()
-//   waits for readers and is therefore only as live as the longest guard.
+// SYNCHRONIZATION (why each rule holds: docs/DESIGN.md, "Reclamation")
+//   1. Readers: any thread, inside an EpochGuard (nestable). They only load shared data; the
+//      fast path takes no lock and makes no system call (a first guard registers a slot).
+//   2. Retirers: any thread but the uffd monitor. Unlink the object, so that no reader starting
+//      later can reach it, then retire() it.
+//   3. Reclaim callbacks run on the thread calling retire(), poll() or synchronize(), outside the
+//      domain mutex; they may retire() again, and take no lock a retiring thread may hold.
+//   4. A slot's seq is odd inside a guard, even outside, a new odd value per critical section;
+//      only its owner writes it (and touches depth at all). Reclaimers load seq.
+//   5. The domain mutex guards the slot registry (chunks, in_use flags, grace-period snapshots)
+//      and the retired batches; chunks are appended by a release store of `next`, never freed
+//      before the domain, and walked without the mutex (acquire).
+//   6. Reader entry: seq odd, then the barrier (compiler-only with membarrier, else a seq_cst
+//      fence); a grace period: the heavy barrier (membarrier, or the fence), then reads all slots.
+//   7. Reader exit: seq even (release), paired with the reclaimer's acquire load of seq.
+//   8. The barrier mode is chosen once per domain, under the mutex, before the first slot is
+//      handed out, and never changes.
+//   9. Never call synchronize() inside a guard of the same domain (checked).
+//  10. Fork: prepare takes the registry's and every domain's mutex; the child frees the slots of
+//      the threads that did not fork.
+//  11. Guard entry and exit are wait-free; retire() and poll() block only on the domain mutex and
+//      never wait for readers; synchronize() is only as live as the longest guard.
 #pragma once
 
 #include <atomic>
@@ -84,7 +45,7 @@ enum class EpochBarrier {
 
 namespace detail {
 
-// One reader's slot; see the SYNCHRONIZATION block above.
+// One reader's slot; see the SYNCHRONIZATION block above (rules 4 and 7).
 struct alignas(64) EpochSlot {
   std::atomic<uint64_t> seq{0};
   uint32_t depth = 0;
