@@ -1,38 +1,23 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Memory for one page table's nodes: carved from chunks the pool maps itself, and recycled once
-// no reader can still see a node. Private to pgtable/.
-//
-// Why a pool. Every insert() into a gap beside a region creates a node and the matching remove()
-// unlinks it; with the allocator and one EpochDomain::retire() per node that round trip cost more
-// than the table work itself. The pool hands out nodes from per-size free lists, and returns
-// unlinked nodes to them in batches, one retire() per batch. Chunks grow geometrically and, once
-// the table is large, are 2 MiB-aligned and advised for transparent huge pages: a lookup in a
-// table of 10^6 regions then misses the TLB on far fewer of its loads.
+// no reader can still see a node. Private to pgtable/. Why a pool, and why the rules below hold:
+// docs/DESIGN.md, "The node pool".
 //
 // SYNCHRONIZATION
-//   Writer: the table's writer (one thread at a time, serialised by the table's caller) calls
-//     every member function. The free lists, the chunk list, the open batch and the list of
-//     batches in flight are the writer's alone.
-//   Reclaimer: EpochDomain calls grace_period_ended(batch) on whichever thread reclaims, once
-//     every guard that might have seen the batch's nodes has ended. It touches only the batch's
-//     `state` (and, when the pool is already gone, frees the batch and possibly the chunks).
-//   Readers never touch the pool; they read nodes, which stay mapped while the pool lives and
-//     until every batch in flight has come back.
-//   A node's way back: the writer unlinks it (release store into its parent) and calls retire();
-//     the node joins the open batch; a full batch (or flush()) is handed to EpochDomain::retire().
-//     The callback's state.exchange(kGraceEnded, acq_rel) happens after every reader that might
-//     have seen the nodes has left its guard (the domain's grace period); the writer's acquire
-//     load of kGraceEnded in harvest() pairs with it, so the writer reuses a node only after those
-//     readers' loads. A reused node is re-created with placement new (plain stores), so
-//     ThreadSanitizer would flag reuse under a live reader as a race, and AddressSanitizer flags
-//     any access to a node while it sits in a free list (poisoned).
-//   Destruction: the pool may die while batches are in flight (the table's destructor requires no
-//     reader, but the domain may not have run the callbacks yet). The chunks are then owned
-//     jointly by the orphaned batches (a count in ChunkSet); the last callback unmaps them. Each
-//     batch's state.exchange() decides, once, whether the pool or the callback frees the batch.
-//   Progress: every writer call is bounded (a harvest visits the batches in flight, at most
-//     kPollAfter + 1 of them in steady state); retire() may run EpochDomain::retire() or poll(),
-//     which never wait for readers.
+//   1. The table's writer (one thread at a time, serialised by the table's caller) calls every
+//      member function; the free lists, the chunk list, the open batch and the list of batches in
+//      flight are its alone.
+//   2. Retire a node only after unlinking it (release store into its parent); a full batch (or
+//      flush()) goes to EpochDomain::retire().
+//   3. EpochDomain calls grace_period_ended(batch) on whichever thread reclaims; it touches only
+//      the batch's `state` (and, when the pool is gone, frees the batch and maybe the chunks).
+//   4. The callback's state.exchange(kGraceEnded, acq_rel) pairs with the writer's acquire load
+//      of kGraceEnded in harvest(): a node is reused only after the readers that saw it.
+//   5. Readers never touch the pool; the nodes they read stay mapped while the pool lives and
+//      until every batch in flight has come back.
+//   6. The pool may die with batches in flight: the orphaned batches own the chunks jointly
+//      (ChunkSet's count), and each batch's state.exchange() decides who frees the batch.
+//   7. Every writer call is bounded and never waits for readers.
 #pragma once
 
 #include <atomic>
