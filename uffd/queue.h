@@ -1,40 +1,24 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The invalidation queue: the monitor's output, read by every subscribed cache.
+// The invalidation queue: the monitor's output, read by every subscribed cache. Why the rules
+// below hold: docs/DESIGN.md, "The invalidation queue".
 //
 // SYNCHRONIZATION
-//   One producer (the monitor thread) and any number of consumers, each with its own cursor.
-//   The producer never blocks, never waits for a consumer and never allocates: the ring is
-//   preallocated by allocate() before the producer starts, and a slow consumer is simply
-//   overtaken (lapped). A lapped consumer notices it (read() returns false) and must purge
-//   everything it derived from the queue; no record is ever lost silently.
-//
-//   pending_  raised (seq_cst RMW) by the producer before each read() of the userfaultfd and
-//             lowered (seq_cst RMW, so at least release) after the records of that read are
-//             published. Consumers load it with acquire: seeing 0 after the kernel released an
-//             unmapping thread means the record of that unmap is visible (see begin_batch).
-//   head_     number of records ever published (monotonic across monitor restarts). Stored
-//             with release after the slots it covers; consumers load it with acquire.
-//   slot seq  per-slot sequence number, a seqlock: 2*i+1 while record i is being written,
-//             2*i+2 once it is complete. Writer: seq odd (relaxed), fields (release), seq even
-//             (release). Reader: seq (acquire), fields (acquire), seq again (relaxed); equal and
-//             even and == 2*i+2 means an untorn copy of record i. The acquire field loads make
-//             the second seq load see the odd mark of any later writer whose fields were read.
-//   waiters_  consumers sleeping in wait_until_idle() or wait_for_batch(); the producer wakes
-//             them after lowering pending_ (Dekker pair: both sides use seq_cst on pending_ and
-//             waiters_). A batch that begins and ends between a waiter's load of pending_ and
-//             its futex wait goes unseen: wait_for_batch() then sleeps out its timeout.
-//   batches_  number of batches ended, raised (seq_cst RMW) by end_batch() after head_'s store.
-//             wait_for_batch_after(seen) sleeps on it while it still equals `seen`, so a batch
-//             ended after the caller read `seen` is never missed (the futex compares first).
-//             batch_waiters_ counts those sleepers (Dekker pair with batches_, seq_cst both
-//             sides): the producer wakes them only when there are some.
-//   next_     producer-private; set before the producer thread starts (pthread_create orders it).
-//   slots_, mask_  written by allocate()/release() only while no producer runs and no consumer
-//             is attached (the monitor's registry mutex and lifecycle guarantee this).
-//
-//   Progress: the producer is wait-free. quiescent-style checks are wait-free; read() is
-//   wait-free; wait_until_idle() blocks only while pending_ is raised, which lasts one
-//   non-blocking read() plus stores.
+//   1. One producer (the monitor thread), any number of consumers, each with its own cursor. The
+//      producer never blocks, waits for a consumer or allocates; it laps a slow consumer.
+//   2. A lapped consumer (read() returns false) purges everything it derived from the queue.
+//   3. pending_: raised (seq_cst RMW) before each read() of the userfaultfd, lowered (seq_cst RMW)
+//      after that read's records are published; consumers load it with acquire.
+//   4. head_: records ever published (monotonic across restarts), stored with release after the
+//      slots it covers; consumers load it with acquire.
+//   5. Slot seq, a seqlock: 2*i+1 while record i is written, 2*i+2 once complete. Writer: seq odd
+//      (relaxed), fields (release), seq even (release). Reader: seq (acquire), fields (acquire),
+//      seq again (relaxed); equal, even and 2*i+2 is an untorn copy.
+//   6. waiters_ with pending_, and batch_waiters_ with batches_, are Dekker pairs: seq_cst on both
+//      sides. batches_ is raised (seq_cst RMW) by end_batch() after head_'s store.
+//   7. next_ is the producer's, set before its thread starts; slots_ and mask_ change only in
+//      allocate() and release(), with no producer running and no consumer attached.
+//   8. The producer, read() and the quiescence checks are wait-free; wait_until_idle() blocks only
+//      while pending_ is raised.
 #pragma once
 
 #include <atomic>
