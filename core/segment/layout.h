@@ -1,35 +1,28 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The shared-memory layout of a segment domain: the root header (/dev/shm/<prefix>:root) and the
 // header page at the start of every segment. Every process of the domain maps these, so they
-// hold offsets and sizes, never pointers.
+// hold offsets and sizes, never pointers. Why the rules below hold: docs/DESIGN.md,
+// "Locks and crash consistency".
 //
 // SYNCHRONIZATION (the contract every function in core/segment/ keeps)
-//  - RootHeader fields above `lock` are written once by the creator before it publishes
-//    `ready` (store-release); joiners read them only after loading `ready` (load-acquire) and
-//    never write them.
-//  - Everything below `lock` (directory, client slots, page bitmap, counters) is read and
-//    written only while holding `lock`, a robust process-shared mutex. The one exception is
-//    mrc_seg_domain_describe, which copies the header without the lock and labels the copy a
-//    snapshot (torn values are possible and harmless: it only prints them).
-//  - Liveness of a client slot is not a pid: it is an OFD lock on one byte of the root file
-//    (kPresenceLockOffset + slot), taken by the client when it claims the slot and released by
-//    the kernel when the last descriptor of that open file description is closed, i.e. when the
-//    process dies. pid reuse, EPERM from kill(), or the exit of the thread that opened the
-//    domain cannot fool it. The creator holds kCreatorLockOffset the same way until `ready`.
-//  - SegHeader fields above `heap` are written by the segment's creator while it holds the
-//    domain lock and before the directory entry turns kEntryReady; joiners read them after
-//    finding the entry ready under the same lock. HeapHeader is guarded by HeapHeader::lock.
+//   1. RootHeader fields above `lock`: written once by the creator before it publishes `ready`
+//      (store-release); joiners read them only after loading `ready` (load-acquire), never write.
+//   2. Everything below `lock` (directory, client slots, page bitmap, counters) is read and
+//      written only under `lock`, a robust process-shared mutex; mrc_seg_domain_describe alone
+//      copies it without the lock, as a snapshot it only prints.
+//   3. A client slot is alive while its OFD lock on byte kPresenceLockOffset + slot of the root
+//      file is held, never judged by pid; the creator holds kCreatorLockOffset until `ready`.
+//   4. SegHeader fields above `heap`: written by the creator under the domain lock before the
+//      entry turns kEntryReady; joiners read them after finding the entry ready under that lock.
+//   5. HeapHeader is guarded by HeapHeader::lock (heap.h).
 //
-// CRASH CONSISTENCY: any process may die (kill -9) at any instruction, also holding a lock. The
-// next locker gets EOWNERDEAD and repairs before pthread_mutex_consistent():
-//  - Domain: entries in kEntryCreating are rolled back (file unlinked, entry freed), entries in
-//    kEntryDeleting rolled forward; the page bitmap and the counters are recomputed from the
-//    directory (they are derived state). Every multi-step change first records its intent in
-//    the entry's `state`, so repair knows what was in flight.
-//  - Heap: see heap.h (the chain of block sizes is the only authoritative state; each change to
-//    it is one 8-byte store, ordered by compiler fences, so every prefix of a change is a valid
-//    tiling; free list and counters are rebuilt from it).
-// Repair is idempotent: a repairer that dies is repaired by the next locker.
+// CRASH CONSISTENCY (any process may die at any instruction, also holding a lock)
+//   1. The next locker gets EOWNERDEAD and repairs before pthread_mutex_consistent().
+//   2. Every multi-step change of the domain first records its intent in the entry's `state`:
+//      repair rolls kEntryCreating back and kEntryDeleting forward, and recomputes the page
+//      bitmap and the counters from the directory.
+//   3. A heap is repaired from its chain of block sizes (heap.h).
+//   4. Repair is idempotent: a repairer that dies is repaired by the next locker.
 #pragma once
 
 #include <pthread.h>
