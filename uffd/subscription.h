@@ -1,30 +1,21 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The subscription: one cache's cursor into the monitor's invalidation queue (queue.h), which
-// the monitor fills with one record per event, and every subscription reads at its own pace.
-// Subscribing starts the process-wide monitor (the first subscriber), unsubscribing stops it
-// (the last one).
-//
-// The invariant (docs/DESIGN.md): after munmap returns in thread A, a get started afterwards by A
-// (or by a thread synchronised with A) never returns a region created for the old memory. The
-// kernel releases A when the monitor's read() has consumed the event; `pending` was raised before
-// that read, so A's later quiescent() sees it raised (slow path: wait, drain) or sees it lowered
-// after the record was published (and then the cursor is behind the head until the record is
-// applied). Gets concurrent with the unmap, in threads that never synchronised with A (the
-// kernel handed them A's address), are exact through probe_unmaps() (below).
+// The subscription: one cache's cursor into the monitor's invalidation queue (queue.h), which the
+// monitor fills with one record per event and every subscription reads at its own pace. It keeps
+// gets ordered after an unmap (quiescent, drain) and gets racing one (probe_unmaps) exact; why:
+// docs/DESIGN.md, "The pending protocol: unmaps ordered before the get" and
+// "Exact under concurrent unmaps".
 //
 // SYNCHRONIZATION
-//   subscribe(), unsubscribe()  any thread; they take the monitor's registry mutex
-//                   (monitor_state.h), which guards the subscriber list (prev_, next_) and the
-//                   monitor's start and stop. The monitor thread never takes it.
-//   Subscription::quiescent()  any thread, no lock: acquire loads of `pending`, of the queue
-//                   head and of the subscription's cursor. Pairs with the monitor's lowering of
-//                   `pending` (after publishing) and with drain()'s release store of the cursor
-//                   (after the records were applied).
-//   Subscription::drain()  one thread at a time per subscription (the cache holds its own
-//                   lock).
-//   probe_unmaps(), settle_unmaps(), mode()  any thread, no lock: they read the monitor's probe
-//                   descriptor (acquire) and mode (relaxed); see monitor_state.h for what they pair
-//                   with.
+//   1. subscribe() and unsubscribe(): any thread, under the monitor's registry mutex
+//      (monitor_state.h), which guards the subscriber list (prev_, next_) and the monitor's start
+//      and stop. The first subscriber starts the monitor, the last one stops it. The monitor
+//      thread never takes the mutex.
+//   2. quiescent(): any thread, no lock; acquire loads of `pending`, the queue head and the
+//      cursor, paired with the monitor's lowering of `pending` (after publishing) and with
+//      drain()'s release store of the cursor (after the records were applied).
+//   3. drain(): one thread at a time per subscription (the cache holds its own lock).
+//   4. probe_unmaps(), settle_unmaps(), mode(): any thread, no lock; they read the monitor's probe
+//      descriptor (acquire) and mode (relaxed), paired as monitor_state.h says.
 #pragma once
 
 #include <atomic>
