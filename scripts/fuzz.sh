@@ -12,6 +12,7 @@
 #   -t SECONDS    how long each target runs (default: $MRC_FUZZ_SECONDS or 90)
 #   -B DIR        build directory (default: build-fuzz/ in the repository)
 #   --no-setup    do not run scripts/setup.sh (which also installs clang and libFuzzer here)
+#   -j N          targets fuzzed at once, one core each (default: nproc, or $MRC_JOBS)
 #   TARGET...     some of: api env segment monitor (default: $MRC_FUZZ_TARGETS or all four)
 # env: MRC_FUZZ_SECONDS, MRC_FUZZ_TARGETS, MRC_FUZZ_ARGS (more libFuzzer flags, e.g. -jobs=2)
 #
@@ -90,18 +91,16 @@ clean_shm() {
 
 # shellcheck disable=SC2206
 extra=(${MRC_FUZZ_ARGS:-})
-failed=()
-summary=()
 mkdir -p "$mrc_build_dir/fuzz-artifacts" "$mrc_build_dir/fuzz-logs"
-for t in "${targets[@]}"; do
-  corpus=$mrc_build_dir/fuzz-corpus/$t
-  log=$mrc_build_dir/fuzz-logs/$t.log
+
+# fuzz_target T: runs T's fuzzer for the time given, then writes what to print about it to
+# fuzz-logs/T.report and its verdict (ok or failed) to fuzz-logs/T.verdict.
+fuzz_target() {
+  local t=$1 corpus=$mrc_build_dir/fuzz-corpus/$1 log=$mrc_build_dir/fuzz-logs/$1.log
+  local report=$mrc_build_dir/fuzz-logs/$1.report status=0 dict=() last execs rate cov
   mkdir -p "$corpus"
   cp -n "$mrc_repo/tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
-  dict=()
   [[ -f $mrc_repo/tests/fuzz/$t.dict ]] && dict=("-dict=$mrc_repo/tests/fuzz/$t.dict")
-  mrc_log "fuzz $t for ${seconds} s (log: $log)"
-  status=0
   # -timeout: an input that runs 30 s is a hang (a finding); -rss_limit_mb: the forks and
   # ASan's shadow stay well below it unless something leaks or allocates wildly.
   "$mrc_build_dir/tests/fuzz/mrc_fuzz_$t" -max_total_time="$seconds" -print_final_stats=1 \
@@ -116,17 +115,45 @@ for t in "${targets[@]}"; do
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   cov=$(sed -E -n 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/\1 edges, \2 features, corpus \3/p' \
     <<<"$last")
-  grep -E '^stat::' "$log" || true
-  echo "$last"
+  {
+    echo "fuzz $t (log: $log)"
+    grep -E '^stat::' "$log" || true
+    echo "$last"
+    if ((status != 0)); then
+      echo "fuzz: $t FAILED (libFuzzer exit $status); the report:"
+      grep -E -A40 '^==[0-9]+==ERROR|fuzz harness:|runtime error:|^SUMMARY' "$log" | head -n 80 || true
+      ls "$mrc_build_dir/fuzz-artifacts/$t-"* 2>/dev/null || true
+    fi
+  } >"$report"
   if ((status != 0)); then
-    echo "fuzz: $t FAILED (libFuzzer exit $status); the report:"
-    grep -E -A40 '^==[0-9]+==ERROR|fuzz harness:|runtime error:|^SUMMARY' "$log" | head -n 80 || true
-    ls "$mrc_build_dir/fuzz-artifacts/$t-"* 2>/dev/null || true
-    failed+=("$t")
-    summary+=("$t: FAILED after ${execs:-?} executions; ${cov:-no coverage line}")
+    echo "failed $t: FAILED after ${execs:-?} executions; ${cov:-no coverage line}"
   else
-    summary+=("$t: ${execs:-?} executions (${rate:-?}/s) in ${seconds} s; coverage ${cov:-?}")
+    echo "ok $t: ${execs:-?} executions (${rate:-?}/s) in ${seconds} s; coverage ${cov:-?}"
+  fi >"$mrc_build_dir/fuzz-logs/$t.verdict"
+}
+
+# A fuzzer keeps one core busy: as many run at once as there are jobs (-j), each for the time
+# given, so the targets' executions do not depend on how many there are.
+mrc_log "fuzz ${targets[*]} for ${seconds} s each, ${mrc_jobs} at a time"
+running=0
+for t in "${targets[@]}"; do
+  rm -f "$mrc_build_dir/fuzz-logs/$t.verdict"
+  if ((running >= mrc_jobs)); then
+    wait -n || true
+    running=$((running - 1))
   fi
+  fuzz_target "$t" &
+  running=$((running + 1))
+done
+wait
+
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  cat "$mrc_build_dir/fuzz-logs/$t.report" 2>/dev/null || true
+  verdict=$(cat "$mrc_build_dir/fuzz-logs/$t.verdict" 2>/dev/null || echo "failed $t: no verdict")
+  [[ $verdict == ok\ * ]] || failed+=("$t")
+  summary+=("${verdict#* }")
 done
 
 mrc_log "replay the seeds and tests/fuzz/regressions (ctest -L fuzz)"

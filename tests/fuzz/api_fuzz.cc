@@ -6,8 +6,8 @@
 // madvise of the areas under the cache. The backend fails registrations on fuzzed bytes.
 //
 // The harness keeps its own model of the regions it holds, so it never puts a region twice
-// (that is a contract violation the library may not survive: docs/DESIGN.md, "C API"), and puts
-// everything back at the end of each input, then destroys the cache: LeakSanitizer and the
+// (that is a contract violation the library may not survive: docs/DESIGN.md, "The C API contract"),
+// and puts everything back at the end of each input, then destroys the cache: LeakSanitizer and the
 // backend's own count of live registrations see anything the cache forgot. Checked after every
 // input: every registration was deregistered exactly once, every mrc_invalidate that returned
 // MRC_OK ran its done-callback exactly once, every status is an mrc_status_t.

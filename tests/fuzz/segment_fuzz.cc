@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Fuzz target "segment": every structure a segment domain reads from shared memory, written by a
-// hostile or broken peer (docs/DESIGN.md, "Shared segments": shared memory is input).
+// hostile or broken peer (docs/DESIGN.md, "Shared segments: shared memory is input").
 //
 // Each input, under a prefix of its own:
 //   1. a forked peer creates the domain (a 64 MiB window) and a heap segment "a" with a few
