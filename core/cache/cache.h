@@ -254,14 +254,14 @@ class Cache {
   mrc_status_t register_request_alone_locked(Registration &reg, uintptr_t start, uintptr_t end,
                                              unsigned prot, mrc_status_t status) noexcept
       MRC_REQUIRES(mutex_);
-  // A registration that ends here: its watch goes, its storage back to the pool.
+  // A registration that ends here: its watch goes, its storage back to the pool (Free).
   void give_back_locked(Registration &reg) noexcept MRC_REQUIRES(mutex_);
-  // A failure that lasts until the memory changes stays in the table; returns status.
+  // A failure that lasts until the memory changes stays in the table (Failed); returns status.
   mrc_status_t remember_failure_locked(Registration &reg, mrc_status_t status) noexcept
       MRC_REQUIRES(mutex_);
   // MRC_FLAG_VERIFY_PFN: the page frames a hit compares with (verify_pfns).
   void capture_pfns_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
-  // Into the table, the ring and the live list, or handed out uncached when not watched.
+  // Into the table, the ring and the live list (Cached), or handed out Uncached when unwatched.
   mrc_status_t publish_locked(Registration &reg, Region **out) noexcept MRC_REQUIRES(mutex_);
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches. Static, so no REQUIRES (it cannot name mutex_): they

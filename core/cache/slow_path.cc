@@ -230,6 +230,7 @@ bool Cache::caching_paid(const Region &region) noexcept {
 }
 
 void Cache::remove_locked(Region *region) noexcept {
+  region->expect({RegionState::Failed, RegionState::Cached, RegionState::Parkable});
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
   // A removal may bring the cache back within its bound: the flag goes then, or puts would keep
@@ -239,6 +240,7 @@ void Cache::remove_locked(Region *region) noexcept {
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
   region->change_flags(Region::kInvalid, Region::kInTable);
+  region->expect({RegionState::Invalidated});
   ring_remove_locked(lru_hand_, region);
   if (registered) {
     --cached_regions_;
@@ -418,6 +420,7 @@ mrc_status_t Cache::remember_failure_locked(Registration &reg, mrc_status_t stat
   // Not remembered when nothing would tell us that the memory changed, or when the failure
   // may end without any change: the next get asks the backend again.
   if (!reg.watched || !failure_lasts(status)) {
+    region->expect({RegionState::Free});
     give_back_locked(reg);
     return status;
   }
@@ -426,8 +429,9 @@ mrc_status_t Cache::remember_failure_locked(Registration &reg, mrc_status_t stat
   region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
                       std::memory_order_relaxed);
   region->refcount.store(1, std::memory_order_relaxed);
+  region->expect({RegionState::Failed});
   if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
-    give_back_locked(reg);
+    give_back_locked(reg);                // never published: back to Free as it is
     return status;
   }
   ++table_entries_;
@@ -470,9 +474,11 @@ mrc_status_t Cache::publish_locked(Registration &reg, Region **out) noexcept {
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
+    region->expect({RegionState::Uncached});
     *out = region;
     return MRC_OK;
   }
+  region->expect({RegionState::Cached});
   ++table_entries_;
   ++cached_regions_;
   cached_bytes_ += region->length();
