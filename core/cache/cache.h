@@ -383,6 +383,7 @@ class Cache {
   static constexpr uint32_t kRegIdle = 0, kRegRunning = 1, kRegForking = 2;
   std::atomic<uint32_t> reg_state_{kRegIdle};
   friend struct CacheRegistry;
+  friend struct CacheTesting;  // testing.cc: what core/cache/testing.h shows tests of a cache
 };
 
 }  // namespace mrc
