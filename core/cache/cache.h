@@ -240,6 +240,29 @@ class Cache {
   mrc_status_t register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                                bool cacheable, bool *evicted, Region **out) noexcept
       MRC_REQUIRES(mutex_);
+  // register_locked's phases, in the order it runs them (slow_path.cc); a Registration carries
+  // the range, the costs, the region, the watch and the backend's handle from one to the next.
+  struct Registration;
+  // Takes every overlapping region out of the table, widening the request over those it absorbs.
+  void merge_overlapping_locked(Registration &reg, uintptr_t align_mask) noexcept
+      MRC_REQUIRES(mutex_);
+  // Watches the range before reg (a cacheable one only), timed for the churn learner.
+  void watch_locked(Registration &reg, bool cacheable) noexcept MRC_REQUIRES(mutex_);
+  // The backend's reg, and what this registration and those it absorbed cost, on the region.
+  mrc_status_t register_with_backend_locked(Registration &reg) noexcept MRC_REQUIRES(mutex_);
+  // A merged registration failed: the request alone, watched again, may still register.
+  mrc_status_t register_request_alone_locked(Registration &reg, uintptr_t start, uintptr_t end,
+                                             unsigned prot, mrc_status_t status) noexcept
+      MRC_REQUIRES(mutex_);
+  // A registration that ends here: its watch goes, its storage back to the pool (Free).
+  void give_back_locked(Registration &reg) noexcept MRC_REQUIRES(mutex_);
+  // A failure that lasts until the memory changes stays in the table (Failed); returns status.
+  mrc_status_t remember_failure_locked(Registration &reg, mrc_status_t status) noexcept
+      MRC_REQUIRES(mutex_);
+  // MRC_FLAG_VERIFY_PFN: the page frames a hit compares with (verify_pfns).
+  void capture_pfns_locked(Region *region) noexcept MRC_REQUIRES(mutex_);
+  // Into the table, the ring and the live list (Cached), or handed out Uncached when unwatched.
+  mrc_status_t publish_locked(Registration &reg, Region **out) noexcept MRC_REQUIRES(mutex_);
   // The LRU ring through lru_prev/lru_next (head lru_hand_). Inserted just behind the head: the
   // last one a walk from the head reaches. Static, so no REQUIRES (it cannot name mutex_): they
   // change only the ring passed in, and passing lru_hand_ by reference needs mutex_ (checked).
@@ -360,6 +383,7 @@ class Cache {
   static constexpr uint32_t kRegIdle = 0, kRegRunning = 1, kRegForking = 2;
   std::atomic<uint32_t> reg_state_{kRegIdle};
   friend struct CacheRegistry;
+  friend struct CacheTesting;  // testing.cc: what core/cache/testing.h shows tests of a cache
 };
 
 }  // namespace mrc

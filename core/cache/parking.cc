@@ -27,7 +27,9 @@ void Cache::promote(Region *region) noexcept {
   if ((flags & (Region::kInTable | Region::kInvalid | Region::kFailed)) != Region::kInTable) return;
   if ((flags & Region::kParkable) == 0) {
     MRC_DASSERT((flags & Region::kOwnerMask) == 0);  // cleared with kParkable
+    region->expect({RegionState::Cached});
     region->change_flags(Region::kParkable | (me << Region::kOwnerShift));
+    region->expect({RegionState::Parkable});
   } else if (!Region::parks_for(flags, me)) {
     region->change_flags(Region::kOwnerMask);  // all ones: kAnyOwner
   }
@@ -36,7 +38,9 @@ void Cache::promote(Region *region) noexcept {
 void Cache::unpark_locked(Region *region) noexcept {
   const uint32_t flags = region->flags.load(std::memory_order_relaxed);
   const unsigned owner = Region::owner_of(flags);
+  region->expect({RegionState::Parkable});
   region->change_flags(0, Region::kParkable | Region::kOwnerMask);
+  region->expect({RegionState::Cached});
   const ThreadSlot &thread = this_thread_slot();
   if (owner == Region::kAnyOwner) {
     for (uint64_t &word : lines_to_reclaim_) word = ~uint64_t{0};

@@ -10,6 +10,11 @@
 // thread that runs the epoch domain's reclamation) and CacheRegistry::after_in_child (a fork
 // child's only thread). The monitor thread never touches a region.
 //
+// One RegionState per row. Region::state() reads it from what marks it; the moves into the rows
+// the flags cannot show (Deferred to Retired, and storage back in the pool) are recorded in debug
+// builds only (Region::enter). Each call named below as a move checks, in debug builds, that the
+// region is in a row the move leaves (Region::expect); release builds compile neither.
+//
 //  state          sits on                            marked by
 //  -------------  ---------------------------------  ------------------------------------------
 //  Free           free_regions_ (mutex_, at most     nothing: fields are stale until reset()
@@ -18,7 +23,8 @@
 //                 not allocated yet
 //    -> Failed, Cached or Uncached: register_locked (slow path, mutex_) takes storage from
 //       allocate_region_locked (which refills free_regions_ from recycled_ in one exchange). A
-//       failure it does not remember goes straight back (free_region_locked), seen by no one.
+//       failure it does not remember, or one the table has no memory for, goes straight back
+//       (free_region_locked), seen by no one.
 //
 //  Failed         page table, LRU ring, live list    kFailed | kInTable | kWatched; count 1 (the
 //  (a remembered                                     table's), 2 for a moment while a fast-path
@@ -65,7 +71,8 @@
 //    Made by register_locked when the get cannot trust the table (an unmap in flight outlasted
 //    the wait, or the probe was refused: get_slow), when the range is not watched (an uncached
 //    monitor, the VMA budget), or when the table had no memory for the insert.
-//    -> Batched or Finished: its put (release, release_last).
+//    -> Batched or Finished: its put (release, release_last); Deferred when that put runs inside
+//       the backend's reg (release_last).
 //
 //  Invalidated    live list only (off the table and  kInvalid; kInTable, kParkable and the
 //  (waiting for   the ring); parked references stay  owner cleared; kUnreleased when
@@ -129,7 +136,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
+#include "base/check.h"
 #include "mrcache/mrcache.h"
 #include "pgtable/pgtable.h"
 
@@ -144,6 +153,21 @@ struct InvalidateCallback {
   void (*done)(void *);
   void *arg;
   InvalidateCallback *next;
+};
+
+// The states of the table above, one per row, in its order (Region::state()).
+enum class RegionState : uint8_t {
+  Free,
+  Failed,
+  Cached,
+  Parkable,
+  Uncached,
+  Invalidated,
+  Deferred,
+  Batched,
+  Finished,
+  Retiring,
+  Retired,
 };
 
 struct Region : PgtRegion, mrc_region {
@@ -187,6 +211,17 @@ struct Region : PgtRegion, mrc_region {
   // may have been a mapping of its own, whose unmap waits for the monitor. With its uses and
   // watch_ticks, summed over what it absorbed, it is what the churn learner weighs (mutex_).
   uint8_t registrations = 0;
+
+ private:
+#ifndef NDEBUG
+  // Debug builds: the state since the count ended (Deferred to Retired), or Free once the
+  // storage went back to the pool, which no flag shows (enter()); kNotEnded before. In the byte
+  // of padding after `registrations`: the size is the same in every build.
+  static constexpr uint8_t kNotEnded = 0xff;
+  uint8_t dead_state_ = kNotEnded;
+#endif
+
+ public:
   unsigned prot = 0;
   // The costs the churn learner weighs (os::ticks(), saturated), measured by register_locked:
   // the watches it and the regions it absorbed made, and the rest of its own registration
@@ -217,6 +252,9 @@ struct Region : PgtRegion, mrc_region {
     referenced.store(false, std::memory_order_relaxed);
     uses.store(0, std::memory_order_relaxed);
     registrations = 0;
+#ifndef NDEBUG
+    dead_state_ = kNotEnded;
+#endif
     prot = 0;
     watch_ticks = 0;
     handle = nullptr;
@@ -230,6 +268,57 @@ struct Region : PgtRegion, mrc_region {
     pfn_count = 0;
   }
   size_t length() const noexcept { return end - start; }
+  // The state of the table, read from what marks it (relaxed loads: for checks and tests, by a
+  // thread the region cannot change under). Flags 0 is fresh or reset storage. Once the count
+  // is kDead only the stack a region is on tells Deferred, Batched, Finished, Retiring, Retired
+  // and recycled Free storage apart: a debug build records those moves (enter()); a release
+  // build goes on reading the flags, which show the state the count ended in (Invalidated or
+  // Uncached; stale ones for recycled storage).
+  RegionState state() const noexcept {
+#ifndef NDEBUG
+    if (dead_state_ != kNotEnded) return static_cast<RegionState>(dead_state_);
+#endif
+    const uint32_t marks = flags.load(std::memory_order_relaxed);
+    if (marks == 0) return RegionState::Free;
+    if ((marks & kUncached) != 0) return RegionState::Uncached;
+    if ((marks & kInTable) == 0) return RegionState::Invalidated;
+    if ((marks & kFailed) != 0) return RegionState::Failed;
+    return (marks & kParkable) != 0 ? RegionState::Parkable : RegionState::Cached;
+  }
+  // A transition's check, debug builds only: aborts, naming the state, unless the region is in
+  // one of `from` (the table's state before the move, or after it where the move is a store),
+  // reporting the caller's line. Release builds compile nothing: not even state() is read.
+  void expect(std::initializer_list<RegionState> from, const char *file = __builtin_FILE(),
+              int line = __builtin_LINE()) const noexcept {
+#ifndef NDEBUG
+    const RegionState now = state();
+    for (const RegionState allowed : from) {
+      if (allowed == now) return;
+    }
+    static constexpr const char *kUnexpected[] = {
+        "region in state Free",     "region in state Failed",   "region in state Cached",
+        "region in state Parkable", "region in state Uncached", "region in state Invalidated",
+        "region in state Deferred", "region in state Batched",  "region in state Finished",
+        "region in state Retiring", "region in state Retired",
+    };
+    detail::check_failed(kUnexpected[static_cast<size_t>(now)], file, line,
+                         "Region::expect (a move the state table does not have)");
+#else
+    (void)from;
+    (void)file;
+    (void)line;
+#endif
+  }
+  // A move into a state the flags do not show (Deferred to Retired, after the count ended; Free,
+  // storage back in the pool). Debug builds record it; release builds compile nothing.
+  void enter(RegionState to) noexcept {
+#ifndef NDEBUG
+    MRC_DASSERT(to == RegionState::Free || (refcount.load(std::memory_order_relaxed) & kDead) != 0);
+    dead_state_ = static_cast<uint8_t>(to);
+#else
+    (void)to;
+#endif
+  }
   // A get served by this region (fast or slow path): the CLOCK bit, and one more use.
   void mark_used() noexcept {
     if (!referenced.load(std::memory_order_relaxed)) {

@@ -15,12 +15,14 @@ Region *Cache::allocate_region_locked() noexcept {
     for (Region *region = recycled_.exchange(nullptr, std::memory_order_acquire);
          region != nullptr;) {
       Region *next = region->gc_next;
+      region->expect({RegionState::Free});
       free_region_locked(region);
       region = next;
     }
   }
   Region *region = free_regions_;
   if (region == nullptr) return new (std::nothrow) Region();
+  region->expect({RegionState::Free});
   free_regions_ = region->gc_next;
   --free_count_;
   region->reset();  // Region is trivially destructible: its storage is reused as it is
@@ -32,6 +34,7 @@ void Cache::free_region_locked(Region *region) noexcept {
     delete region;
     return;
   }
+  region->enter(RegionState::Free);
   region->gc_next = free_regions_;
   free_regions_ = region;
   ++free_count_;
@@ -42,7 +45,11 @@ void Cache::free_region_locked(Region *region) noexcept {
 void Cache::recycle_regions(void *chain) noexcept {
   auto *first = static_cast<Region *>(chain);
   Region *last = first;
-  while (last->gc_next != nullptr) last = last->gc_next;
+  for (;; last = last->gc_next) {
+    last->expect({RegionState::Retired});
+    last->enter(RegionState::Free);
+    if (last->gc_next == nullptr) break;
+  }
   Cache *cache = first->cache;
   Region *head = cache->recycled_.load(std::memory_order_relaxed);
   do {

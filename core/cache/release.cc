@@ -20,6 +20,7 @@ void Cache::release(Region *region) noexcept {
 }
 
 void Cache::release_last(Region *region) noexcept {
+  region->expect({RegionState::Invalidated, RegionState::Uncached});
   if (inside(this, Inside::Lock)) {
     // A put from inside a reg: the region is finished after the unlock by this thread, which
     // takes deferred_ before it unlocks (get_slow), never under mutex_.
@@ -35,6 +36,7 @@ void Cache::release_last(Region *region) noexcept {
       region->change_flags(Region::kUnreleased);
       hot_.add(Counter::UnreleasedBytes, region->length());
     }
+    region->enter(RegionState::Batched);  // before the push: a finisher may take it at once
     Region *head = dereg_batch_.load(std::memory_order_relaxed);
     do {
       region->gc_next = head;
@@ -72,6 +74,9 @@ void Cache::unlink_live_locked(Region *region) noexcept {
 }
 
 void Cache::defer_locked(Region *region) noexcept {
+  // Uncached: a put from inside reg (release_last). Batched: a fork child's first drain.
+  region->expect({RegionState::Invalidated, RegionState::Uncached, RegionState::Batched});
+  region->enter(RegionState::Deferred);
   region->gc_next = deferred_;
   deferred_ = region;
 }
@@ -108,6 +113,9 @@ void Cache::end_registration(Region *region, bool deregister) noexcept {
 // callback any more. Never under mutex_ (the backend may munmap). No lock: a later holder of
 // mutex_ takes it from finished_ and retires it (reap_finished_locked).
 void Cache::finish(Region *region) noexcept {
+  // Invalidated or Uncached: its last put (release_last), or destroy forcing it.
+  region->expect({RegionState::Deferred, RegionState::Batched, RegionState::Invalidated,
+                  RegionState::Uncached});
   const uint32_t flags = region->flags.load(std::memory_order_acquire);
   const bool forgotten = (flags & Region::kForgotten) != 0;
   if ((flags & Region::kUnreleased) != 0) hot_.add(Counter::ReleasedBytes, region->length());
@@ -127,6 +135,7 @@ void Cache::finish(Region *region) noexcept {
   }
   delete[] region->pfns;
   region->pfns = nullptr;
+  region->enter(RegionState::Finished);
   // The last write: a reaper may retire it once it is on the stack. Release: pairs with the
   // reaper's exchange (later pushes continue the release sequence).
   Region *head = finished_.load(std::memory_order_relaxed);
@@ -144,6 +153,8 @@ void Cache::reap_finished_locked() noexcept {
   Region *region = finished_.exchange(nullptr, std::memory_order_acquire);
   while (region != nullptr) {
     Region *next = region->gc_next;
+    region->expect({RegionState::Finished});
+    region->enter(RegionState::Retiring);
     unlink_live_locked(region);
     if (retiring_count_ == kRetireBatch) retire_batch_locked();
     retiring_[retiring_count_++] = region;
@@ -168,6 +179,8 @@ void Cache::retire_batch_locked() noexcept {
   // One object for the epoch domain: the batch chained through gc_next, recycled in one push.
   Region *chain = nullptr;
   for (size_t i = 0; i < retiring_count_; ++i) {
+    retiring_[i]->expect({RegionState::Retiring});
+    retiring_[i]->enter(RegionState::Retired);
     retiring_[i]->gc_next = chain;
     chain = retiring_[i];
   }

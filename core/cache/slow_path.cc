@@ -35,19 +35,6 @@ constexpr bool failure_lasts(mrc_status_t status) {
   return status == MRC_ERR_INVALID || status == MRC_ERR_UNSUPPORTED || status == MRC_ERR_BACKEND;
 }
 
-// What the regions a new registration absorbs had cost and earned: the new region carries it on
-// (Cache::caching_paid).
-struct MergedCosts {
-  uint64_t uses = 0;
-  uint64_t watch_ticks = 0;
-  uint64_t registrations = 0;
-  void add(const Region &region) noexcept {
-    uses += region.uses.load(std::memory_order_relaxed);
-    watch_ticks += region.watch_ticks;
-    registrations += region.registrations;
-  }
-};
-
 // Collects up to kBatch regions overlapping [from, to), in address order.
 size_t collect_overlapping(const PageTable &table, uintptr_t from, uintptr_t to,
                            Region *(&out)[kBatch]) noexcept {
@@ -71,6 +58,34 @@ bool memory_allows(uintptr_t start, uintptr_t end, unsigned prot) noexcept {
 }
 
 }  // namespace
+
+// register_locked's work in progress, handed from phase to phase.
+struct Cache::Registration {
+  // What is registered: the request, merged with the regions it absorbs.
+  uintptr_t start;
+  uintptr_t end;
+  unsigned prot;
+  // Weighed by the churn learner (a cached registration, learning on): then the os::ticks() at
+  // the start and around the watch, and what the absorbed regions had cost and earned, which
+  // the new region carries on (caching_paid).
+  bool timed;
+  uint64_t began;
+  uint64_t watch_began = 0;
+  uint64_t watch_ended = 0;
+  uint64_t absorbed_uses = 0;
+  uint64_t absorbed_watch_ticks = 0;
+  uint64_t absorbed_registrations = 0;
+  Region *region = nullptr;
+  bool watched = false;
+  void *handle = nullptr;
+  uint64_t key = 0;
+
+  void absorb(const Region &absorbed) noexcept {
+    absorbed_uses += absorbed.uses.load(std::memory_order_relaxed);
+    absorbed_watch_ticks += absorbed.watch_ticks;
+    absorbed_registrations += absorbed.registrations;
+  }
+};
 
 mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mask, unsigned prot,
                              uffd::Subscription::Unmaps unmaps, bool churning,
@@ -215,6 +230,7 @@ bool Cache::caching_paid(const Region &region) noexcept {
 }
 
 void Cache::remove_locked(Region *region) noexcept {
+  region->expect({RegionState::Failed, RegionState::Cached, RegionState::Parkable});
   MRC_CHECK(table_.remove(region) == MRC_OK);
   --table_entries_;
   // A removal may bring the cache back within its bound: the flag goes then, or puts would keep
@@ -224,6 +240,7 @@ void Cache::remove_locked(Region *region) noexcept {
   const bool registered = (flags & Region::kRegistered) != 0;
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
   region->change_flags(Region::kInvalid, Region::kInTable);
+  region->expect({RegionState::Invalidated});
   ring_remove_locked(lru_hand_, region);
   if (registered) {
     --cached_regions_;
@@ -282,19 +299,48 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
                                     Region **out) noexcept {
   // What this costs, for the churn learner (caching_paid): only cached registrations are weighed.
   const bool timed = cacheable && learn_churn_;
-  const uint64_t began = timed ? os::ticks() : 0;
-  MergedCosts absorbed;
-  // Every region overlapping the request leaves the table: merged into it when the memory allows
-  // the union's protection, otherwise (a remembered failure, retried now; or a region that cannot
-  // merge and cannot coexist) its users keep it. Adjacent regions stay apart (docs/DESIGN.md,
-  // "Merging"). A union is rounded out to the requested alignment (regions are aligned only to
-  // alignment_), which may reach further regions: the loop runs until nothing overlaps.
-  uintptr_t merged_start = start;
-  uintptr_t merged_end = end;
-  unsigned merged_prot = prot;
+  Registration reg{
+      .start = start, .end = end, .prot = prot, .timed = timed, .began = timed ? os::ticks() : 0};
+  if (cacheable) merge_overlapping_locked(reg, align_mask);
+  // The region's storage first: a registration that found none would need a dereg under
+  // mutex_, where no backend call but reg runs.
+  reg.region = allocate_region_locked();
+  if (reg.region == nullptr) return MRC_ERR_NO_MEMORY;
+  watch_locked(reg, cacheable);
+  mrc_status_t status = register_with_backend_locked(reg);
+  if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
+    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left
+    // the table; the caller deregisters it after the lock and tries once more.
+    give_back_locked(reg);
+    *evicted = true;
+    return status;
+  }
+  if (status != MRC_OK && (reg.start != start || reg.end != end || reg.prot != prot)) {
+    status = register_request_alone_locked(reg, start, end, prot, status);
+  }
+  Region *region = reg.region;
+  region->start = reg.start;
+  region->end = reg.end;
+  region->prot = reg.prot;
+  region->cache = this;
+  if (status != MRC_OK) return remember_failure_locked(reg, status);
+  region->handle = reg.handle;
+  region->key = reg.key;
+  ++slow_.registrations;
+  slow_.registered_bytes += region->length();
+  ++slow_.size_histogram[63 - std::countl_zero(static_cast<uint64_t>(region->length()))];
+  capture_pfns_locked(region);
+  return publish_locked(reg, out);
+}
+
+// Every region overlapping the request leaves the table: merged into it when the memory allows
+// the union's protection, otherwise (a remembered failure, retried now; or a region that cannot
+// merge and cannot coexist) its users keep it. Adjacent regions stay apart (docs/DESIGN.md,
+// "Merging"). A union is rounded out to the requested alignment (regions are aligned only to
+// alignment_), which may reach further regions: the loop runs until nothing overlaps.
+void Cache::merge_overlapping_locked(Registration &reg, uintptr_t align_mask) noexcept {
   Region *batch[kBatch];
-  for (size_t count;
-       cacheable && (count = collect_overlapping(table_, merged_start, merged_end, batch)) != 0;) {
+  for (size_t count; (count = collect_overlapping(table_, reg.start, reg.end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
       Region *region = batch[i];
       if (region->has(Region::kFailed)) {
@@ -303,16 +349,16 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
       }
       // No overflow: table addresses are below 2^57, and get() refused an alignment whose
       // rounding of the request overflows.
-      const uintptr_t union_start = std::min<uintptr_t>(merged_start, region->start) & ~align_mask;
+      const uintptr_t union_start = std::min<uintptr_t>(reg.start, region->start) & ~align_mask;
       const uintptr_t union_end =
-          (std::max<uintptr_t>(merged_end, region->end) + align_mask) & ~align_mask;
-      const unsigned union_prot = merged_prot | region->prot;
-      const bool widens = union_prot != region->prot || union_prot != merged_prot;
+          (std::max<uintptr_t>(reg.end, region->end) + align_mask) & ~align_mask;
+      const unsigned union_prot = reg.prot | region->prot;
+      const bool widens = union_prot != region->prot || union_prot != reg.prot;
       if (!widens || memory_allows(union_start, union_end, union_prot)) {
-        merged_start = union_start;
-        merged_end = union_end;
-        merged_prot = union_prot;
-        absorbed.add(*region);
+        reg.start = union_start;
+        reg.end = union_end;
+        reg.prot = union_prot;
+        reg.absorb(*region);
         ++slow_.merges;
       } else {
         ++slow_.invalidations;
@@ -320,100 +366,97 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
       remove_locked(region);
     }
   }
+}
 
-  // The region's storage first: a registration that found none would need a dereg under
-  // mutex_, where no backend call but reg runs.
-  Region *region = allocate_region_locked();
-  if (region == nullptr) return MRC_ERR_NO_MEMORY;
-  // Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
-  const uint64_t watch_began = timed ? os::ticks() : 0;
-  bool watched = cacheable &&
-                 uffd::watch(merged_start, merged_end - merged_start) == uffd::WatchResult::Watched;
-  const uint64_t watch_ended = timed ? os::ticks() : 0;
-  void *handle = nullptr;
-  uint64_t key = 0;
-  mrc_status_t status = call_reg(merged_start, merged_end, merged_prot, &handle, &key);
-  if (timed) {
-    absorbed.watch_ticks += watch_ended - watch_began;
-    region->watch_ticks = os::saturated_ticks(absorbed.watch_ticks);
+// Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
+void Cache::watch_locked(Registration &reg, bool cacheable) noexcept {
+  reg.watch_began = reg.timed ? os::ticks() : 0;
+  reg.watched =
+      cacheable && uffd::watch(reg.start, reg.end - reg.start) == uffd::WatchResult::Watched;
+  reg.watch_ended = reg.timed ? os::ticks() : 0;
+}
+
+mrc_status_t Cache::register_with_backend_locked(Registration &reg) noexcept {
+  const mrc_status_t status = call_reg(reg.start, reg.end, reg.prot, &reg.handle, &reg.key);
+  if (reg.timed) {
+    Region *region = reg.region;
+    reg.absorbed_watch_ticks += reg.watch_ended - reg.watch_began;
+    region->watch_ticks = os::saturated_ticks(reg.absorbed_watch_ticks);
     region->register_ticks =
-        os::saturated_ticks((watch_began - began) + (os::ticks() - watch_ended));
-    region->uses.store(static_cast<uint8_t>(std::min<uint64_t>(absorbed.uses, Region::kMaxUses)),
-                       std::memory_order_relaxed);
+        os::saturated_ticks((reg.watch_began - reg.began) + (os::ticks() - reg.watch_ended));
+    region->uses.store(
+        static_cast<uint8_t>(std::min<uint64_t>(reg.absorbed_uses, Region::kMaxUses)),
+        std::memory_order_relaxed);
     region->registrations =
-        static_cast<uint8_t>(std::min<uint64_t>(absorbed.registrations + 1, 255));
+        static_cast<uint8_t>(std::min<uint64_t>(reg.absorbed_registrations + 1, 255));
   }
-  if (status == MRC_ERR_NO_MEMORY && evicted != nullptr && evict_unused_locked() != 0) {
-    // Out of registration resources (a full buffer table, RLIMIT_MEMLOCK): what no one uses left
-    // the table; the caller deregisters it after the lock and tries once more.
-    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
-    free_region_locked(region);
-    *evicted = true;
+  return status;
+}
+
+mrc_status_t Cache::register_request_alone_locked(Registration &reg, uintptr_t start, uintptr_t end,
+                                                  unsigned prot, mrc_status_t status) noexcept {
+  MRC_LOG_DEBUG(
+      "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
+      "alone",
+      name_, reg.start, reg.end, mrc_status_string(status));
+  if (reg.watched) uffd::unwatch(reg.start, reg.end - reg.start);
+  reg.start = start;
+  reg.end = end;
+  reg.prot = prot;
+  reg.watched = uffd::watch(start, end - start) == uffd::WatchResult::Watched;
+  return call_reg(start, end, prot, &reg.handle, &reg.key);
+}
+
+void Cache::give_back_locked(Registration &reg) noexcept {
+  if (reg.watched) uffd::unwatch(reg.start, reg.end - reg.start);
+  free_region_locked(reg.region);
+}
+
+mrc_status_t Cache::remember_failure_locked(Registration &reg, mrc_status_t status) noexcept {
+  Region *region = reg.region;
+  ++slow_.registration_failures;
+  MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
+                reg.start, reg.end, mrc_status_string(status));
+  // Not remembered when nothing would tell us that the memory changed, or when the failure
+  // may end without any change: the next get asks the backend again.
+  if (!reg.watched || !failure_lasts(status)) {
+    region->expect({RegionState::Free});
+    give_back_locked(reg);
     return status;
   }
-  if (status != MRC_OK && (merged_start != start || merged_end != end || merged_prot != prot)) {
-    MRC_LOG_DEBUG(
-        "cache {}: merged registration [{:#x}, {:#x}) failed ({}); trying the request "
-        "alone",
-        name_, merged_start, merged_end, mrc_status_string(status));
-    if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
-    merged_start = start;
-    merged_end = end;
-    merged_prot = prot;
-    watched = uffd::watch(start, end - start) == uffd::WatchResult::Watched;
-    status = call_reg(start, end, prot, &handle, &key);
-  }
-
-  region->start = merged_start;
-  region->end = merged_end;
-  region->prot = merged_prot;
-  region->cache = this;
-
-  if (status != MRC_OK) {
-    ++slow_.registration_failures;
-    MRC_LOG_DEBUG("cache {}: {} failed to register [{:#x}, {:#x}): {}", name_, backend_.name,
-                  merged_start, merged_end, mrc_status_string(status));
-    // Not remembered when nothing would tell us that the memory changed, or when the failure
-    // may end without any change: the next get asks the backend again.
-    if (!watched || !failure_lasts(status)) {
-      if (watched) uffd::unwatch(merged_start, merged_end - merged_start);
-      free_region_locked(region);
-      return status;
-    }
-    // Remember the failure until the memory changes, so a retry storm never reaches the backend.
-    region->failure = status;
-    region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
-                        std::memory_order_relaxed);
-    region->refcount.store(1, std::memory_order_relaxed);
-    if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
-      uffd::unwatch(merged_start, merged_end - merged_start);
-      free_region_locked(region);
-      return status;
-    }
-    ++table_entries_;
-    live_insert_locked(region);
-    ring_insert_locked(lru_hand_, region);
-    evict_locked();
+  // Remember the failure until the memory changes, so a retry storm never reaches the backend.
+  region->failure = status;
+  region->flags.store(Region::kFailed | Region::kInTable | Region::kWatched,
+                      std::memory_order_relaxed);
+  region->refcount.store(1, std::memory_order_relaxed);
+  region->expect({RegionState::Failed});
+  if (table_.insert(region) != MRC_OK) {  // no memory for table nodes: just do not remember
+    give_back_locked(reg);                // never published: back to Free as it is
     return status;
   }
-
-  region->handle = handle;
-  region->key = key;
-  ++slow_.registrations;
-  slow_.registered_bytes += region->length();
-  ++slow_.size_histogram[63 - std::countl_zero(static_cast<uint64_t>(region->length()))];
-  if (verify_pfn_pages_ != 0) {
-    region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
-    region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
-    if (region->pfns == nullptr ||
-        !os::pagemap::read(region->start, region->pfns, region->pfn_count)) {
-      delete[] region->pfns;
-      region->pfns = nullptr;
-      region->pfn_count = 0;
-    }
-  }
+  ++table_entries_;
   live_insert_locked(region);
-  if (watched) {
+  ring_insert_locked(lru_hand_, region);
+  evict_locked();
+  return status;
+}
+
+void Cache::capture_pfns_locked(Region *region) noexcept {
+  if (verify_pfn_pages_ == 0) return;
+  region->pfn_count = std::min<size_t>(verify_pfn_pages_, region->length() / kPageSize);
+  region->pfns = new (std::nothrow) uint64_t[region->pfn_count];
+  if (region->pfns == nullptr ||
+      !os::pagemap::read(region->start, region->pfns, region->pfn_count)) {
+    delete[] region->pfns;
+    region->pfns = nullptr;
+    region->pfn_count = 0;
+  }
+}
+
+mrc_status_t Cache::publish_locked(Registration &reg, Region **out) noexcept {
+  Region *region = reg.region;
+  live_insert_locked(region);
+  if (reg.watched) {
     // Complete before the insert publishes it (release) to fast-path readers. Inserted without
     // the CLOCK bit: a region earns its second chance by being used again.
     region->flags.store(Region::kRegistered | Region::kInTable | Region::kWatched,
@@ -422,18 +465,20 @@ mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t al
     // Overlaps were removed above, so the insert fails only for want of memory for table nodes
     // (or an address beyond the table's 57 bits): then the registration is handed out uncached.
     if (table_.insert(region) != MRC_OK) {
-      uffd::unwatch(merged_start, merged_end - merged_start);
-      watched = false;
+      uffd::unwatch(reg.start, reg.end - reg.start);
+      reg.watched = false;
     }
   }
-  if (!watched) {
+  if (!reg.watched) {
     ++slow_.uncacheable;
     region->flags.store(Region::kRegistered | Region::kUncached | Region::kInvalid,
                         std::memory_order_relaxed);
     region->refcount.store(1, std::memory_order_relaxed);
+    region->expect({RegionState::Uncached});
     *out = region;
     return MRC_OK;
   }
+  region->expect({RegionState::Cached});
   ++table_entries_;
   ++cached_regions_;
   cached_bytes_ += region->length();
