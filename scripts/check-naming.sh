@@ -28,16 +28,13 @@ mapfile -t files < <(grep -oE '"file": *"[^"]+"' "$db" | sed -E 's/"file": *"(.*
 ((${#files[@]})) || { echo "check-naming: no library source in $db" >&2; exit 2; }
 
 started=$SECONDS
-# shellcheck source=scripts/lib/tidy_db.sh
-source "$repo/scripts/lib/tidy_db.sh"
-db_dir=$(mrc_tidy_database "$build")
 out=$(mktemp /tmp/mrcache-naming.XXXXXX)
-trap 'rm -rf "$out" "$db_dir"' EXIT
+trap 'rm -f "$out"' EXIT
 # -Wno-error: a compiler warning that the build's -Werror would turn into an error is not this
 # check's business (clang warns where GCC, the project's compiler, does not).
 status=0
 (cd "$repo" && printf '%s\0' "${files[@]}" |
-  xargs -0 -n 1 -P "$jobs" "$tidy" -p "$db_dir" --quiet --extra-arg=-Wno-error \
+  xargs -0 -n 1 -P "$jobs" "$tidy" -p "$build" --quiet --extra-arg=-Wno-error \
     --checks='-*,readability-identifier-naming' --warnings-as-errors='*' \
     --header-filter="^$repo/($libs)/") >"$out" 2>&1 || status=$?
 

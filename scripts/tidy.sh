@@ -26,14 +26,10 @@ mapfile -t files < <(grep -oE '"file": *"[^"]+"' "$db" | sed -E 's/"file": *"(.*
   sed "s|^$repo/||" | grep -E "$filter" | grep -E '\.(c|cc|cpp)$' | sort -u)
 ((${#files[@]})) || { echo "tidy: no source matches '$filter' in $db" >&2; exit 2; }
 
-# shellcheck source=scripts/lib/tidy_db.sh
-source "$repo/scripts/lib/tidy_db.sh"
-db_dir=$(mrc_tidy_database "$build")
-trap 'rm -rf "$db_dir"' EXIT
 out=$(mktemp /tmp/mrcache-tidy.XXXXXX)
 echo "tidy: ${#files[@]} files, $jobs jobs, findings in $out"
 (cd "$repo" && printf '%s\0' "${files[@]}" |
-  xargs -0 -n 1 -P "$jobs" "$tidy" -p "$db_dir" --quiet 2>/dev/null) >"$out" || true
+  xargs -0 -n 1 -P "$jobs" "$tidy" -p "$build" --quiet 2>/dev/null) >"$out" || true
 
 # One finding per "file:line:col: warning: ... [check]" line; the same header finding reached
 # from several files counts once.
