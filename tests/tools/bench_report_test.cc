@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -44,19 +43,6 @@ constexpr const char *kFixture = R"({
   ]
 })";
 
-// mrcache-bench-report's command line: the program, then its arguments, each path under dir.
-// Appended, not `std::string(path) + ...`: GCC 12 reports impossible bounds inside the inlined
-// moves of such a chain when GoogleTest comes precompiled.
-std::string report_command(const std::string &dir, std::initializer_list<const char *> args) {
-  std::string command = MRC_BENCH_REPORT_PATH;
-  for (const char *arg : args) {
-    command += ' ';
-    command += dir;
-    command += arg;
-  }
-  return command;
-}
-
 std::string slurp(const std::string &path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -68,7 +54,8 @@ TEST(BenchReport, PairsOursWithUcxAndWritesPlotData) {
   const std::string dir = testing::TempDir() + "mrc-bench-report-" + std::to_string(getpid());
   ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
   std::ofstream(dir + "/bench.json") << kFixture;
-  const auto result = mrc_tools_test::run(report_command(dir, {"/bench.json", ""}));
+  const auto result =
+      mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir);
   ASSERT_EQ(result.status, 0) << result.output;
   for (const char *flag :
        {"plot_lookup_mrcache=1", "plot_lookup_ucx=1", "plot_hits_mrcache=1", "plot_hits_ucx=1"}) {
@@ -118,7 +105,8 @@ TEST(BenchReport, JudgesTheFirstGetOfANewMappingAgainstUcxsMiss) {
       << figure("BM_UcxRcacheMissNewMapping", 200) << ","
       << figure("BM_CacheMissChurning/exact/manual_time", 190) << ","
       << figure("BM_UcxRcacheMissChurning/manual_time", 320) << "]}";
-  const auto result = mrc_tools_test::run(report_command(dir, {"/bench.json", ""}));
+  const auto result =
+      mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir);
   ASSERT_EQ(result.status, 0) << result.output;
   const std::string md = slurp(dir + "/results.md");
   EXPECT_NE(md.find("| first get of a mapping never seen <= 2 x UCX's miss | exact 3.60 us, UCX "
@@ -145,7 +133,8 @@ TEST(BenchReport, MergesSeveralRuns) {
     {"name": "BM_MonitorRoundTrip/0", "run_name": "BM_MonitorRoundTrip/0",
      "run_type": "iteration", "threads": 1, "real_time": 13.0, "time_unit": "us",
      "median_us": 12.5}]})";
-  const auto result = mrc_tools_test::run(report_command(dir, {"/a.json", "/b.json", ""}));
+  const auto result = mrc_tools_test::run(std::string(MRC_BENCH_REPORT_PATH) + " " + dir +
+                                          "/a.json " + dir + "/b.json " + dir);
   ASSERT_EQ(result.status, 0) << result.output;
   const std::string md = slurp(dir + "/results.md");
   EXPECT_NE(md.find("| BM_MonitorRoundTrip/0 | 13.00 us |"), std::string::npos) << md;
@@ -164,7 +153,7 @@ TEST(BenchReport, UnwritableOutputIsAnError) {
   const std::string dir = testing::TempDir() + "mrc-bench-report-full-" + std::to_string(getpid());
   ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
   std::ofstream(dir + "/bench.json") << kFixture;
-  const std::string report = report_command(dir, {"/bench.json", ""});
+  const std::string report = std::string(MRC_BENCH_REPORT_PATH) + " " + dir + "/bench.json " + dir;
   auto result = mrc_tools_test::run_into_full_stdout(report);
   EXPECT_EQ(result.status, 1) << result.output;
   EXPECT_NE(result.output.find("mrcache-bench-report: cannot write standard output"),
