@@ -40,32 +40,6 @@ function(mrc_target_flags target)
     $<$<COMPILE_LANGUAGE:C>:${MRC_C_WARNINGS}>)
 endfunction()
 
-# mrc_precompiled_headers(OWNER HEADER...): the object library OWNER compiles HEADERs (C++) once
-# into a precompiled header; mrc_reuse_precompiled_headers(TARGET OWNER) lets a program use it
-# instead of parsing those headers again in each of its files. For the heavy headers many
-# programs share (GoogleTest, CLI11, nlohmann-json): parsing them was a third of a test or tool
-# file's compile time. The owner gets mrc_target_flags, so the flags its consumers pass match
-# the ones the header was built with; where they do not, the compiler ignores the precompiled
-# header and parses the headers (-Winvalid-pch names the file). MRC_PRECOMPILED_HEADERS=OFF turns
-# it off (for tools that read compile_commands.json without understanding GCC's .gch files).
-function(mrc_precompiled_headers owner)
-  set(anchor ${CMAKE_CURRENT_BINARY_DIR}/${owner}.cc)
-  if(NOT EXISTS ${anchor})
-    file(WRITE ${anchor} "// The precompiled header's owner: nothing of its own.\n")
-  endif()
-  add_library(${owner} OBJECT ${anchor})
-  mrc_target_flags(${owner})
-  if(MRC_PRECOMPILED_HEADERS)
-    target_precompile_headers(${owner} PRIVATE ${ARGN})
-  endif()
-endfunction()
-
-function(mrc_reuse_precompiled_headers target owner)
-  if(MRC_PRECOMPILED_HEADERS)
-    target_precompile_headers(${target} REUSE_FROM ${owner})
-  endif()
-endfunction()
-
 # An internal component of libmrcache: position-independent objects, hidden symbols, no
 # exceptions, private headers reachable as "component/header.h" from the source root.
 function(mrc_component name)
