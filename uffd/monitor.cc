@@ -25,11 +25,11 @@
 #include "base/proc_maps.h"
 #include "base/sized.h"
 #include "base/ticks.h"
-#include "uffd/internal.h"
-#include "uffd/kernel.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/negotiation.h"
+#include "uffd/internal/plumbing.h"
 #include "uffd/modes.h"
-#include "uffd/monitor_state.h"
-#include "uffd/negotiation.h"
 #include "uffd/uffd.h"
 
 namespace mrc::uffd::detail {

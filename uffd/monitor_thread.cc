@@ -16,8 +16,8 @@
 
 #include "base/check.h"
 #include "base/futex.h"
-#include "uffd/kernel.h"
-#include "uffd/monitor_state.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/monitor_state.h"
 
 namespace mrc::uffd::detail {
 

@@ -13,9 +13,9 @@
 
 #include "base/check.h"
 #include "base/mutex.h"
-#include "uffd/internal.h"
-#include "uffd/monitor_state.h"
-#include "uffd/negotiation.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/negotiation.h"
+#include "uffd/internal/plumbing.h"
 
 namespace mrc::uffd {
 

@@ -33,7 +33,7 @@
 #include <cstdint>
 
 #include "mrcache/mrcache.h"
-#include "uffd/probe.h"
+#include "uffd/internal/probe.h"
 #include "uffd/queue.h"
 
 namespace mrc::uffd {

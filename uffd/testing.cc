@@ -7,8 +7,8 @@
 #include <atomic>
 
 #include "base/mutex.h"
-#include "uffd/monitor_state.h"
-#include "uffd/watch_table.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/watch_table.h"
 
 namespace mrc::uffd::testing {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Watched ranges (see watch_table.h for the model and the synchronization contract).
-#include "uffd/watch_table.h"
+#include "uffd/internal/watch_table.h"
 
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -14,8 +14,8 @@
 #include <new>
 
 #include "base/check.h"
-#include "uffd/internal.h"
-#include "uffd/kernel.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/plumbing.h"
 #include "uffd/modes.h"
 
 namespace mrc::uffd::detail {

@@ -14,8 +14,8 @@
 
 #include "base/epoch.h"
 #include "base/mutex.h"
-#include "uffd/internal.h"
-#include "uffd/monitor_state.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/plumbing.h"
 
 namespace mrc::uffd {
 

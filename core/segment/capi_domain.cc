@@ -14,9 +14,9 @@
 #include <cstring>
 #include <new>
 
-#include "core/segment/domain_internal.h"
 #include "core/segment/heap.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 using mrc::seg::fail;
 

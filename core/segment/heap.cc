@@ -14,8 +14,8 @@
 #include <cstring>
 #include <new>
 
-#include "core/segment/sys.h"
-#include "core/segment/validate.h"
+#include "core/segment/internal/sys.h"
+#include "core/segment/internal/validate.h"
 
 namespace mrc::seg {
 

@@ -23,9 +23,9 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
-#include "core/segment/seg_params.h"
-#include "core/segment/sys.h"
-#include "core/segment/validate.h"
+#include "core/segment/internal/seg_params.h"
+#include "core/segment/internal/sys.h"
+#include "core/segment/internal/validate.h"
 
 namespace mrc::seg {
 

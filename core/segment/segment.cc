@@ -17,8 +17,8 @@
 #include "base/sized.h"
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
-#include "core/segment/seg_params.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/seg_params.h"
+#include "core/segment/internal/sys.h"
 
 using mrc::seg::fail;
 

@@ -20,8 +20,8 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
+#include "core/segment/internal/validate.h"
 #include "core/segment/layout.h"
-#include "core/segment/validate.h"
 #include "mrcache/mrcache.h"
 #include "seg_test_util.h"
 #include "tests/common/fork_child.h"

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <iterator>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

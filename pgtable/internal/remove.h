@@ -8,7 +8,7 @@
 #include <bit>
 #include <iterator>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

@@ -34,7 +34,7 @@ fi
 build=$(cd "$1" && pwd)
 mpi=$build/tools/mpi/mrcache-mpi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-agent=$here/rxe-pair/agent.sh
+agent=$here/pair/agent.sh
 stress_seconds=${MRC_PAIR_STRESS_SECONDS:-30}
 read -r -a bench_args <<<"${MRC_PAIR_BENCH_ARGS:---sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m}"
 bench_reps=${MRC_PAIR_BENCH_REPS:-1}

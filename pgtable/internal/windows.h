@@ -11,7 +11,7 @@
 #include <iterator>
 #include <new>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

@@ -6,7 +6,7 @@
 
 #include <new>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

@@ -654,7 +654,7 @@ cmd_run() {
 # either console fails the pair. Exit status: CMD's; 125 when a guest itself failed.
 cmd_pair() {
   local timeout=$TIMEOUT sb
-  sb=$(dirname "$SELF")/rxe-pair/serve.sh
+  sb=$(dirname "$SELF")/pair/serve.sh
   while [ $# -gt 0 ]; do
     case $1 in
       --timeout) [ $# -ge 2 ] || usage; timeout=$2; shift 2 ;;

@@ -8,7 +8,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-VM=$ROOT/scripts/rxe-vm.sh
+VM=$ROOT/scripts/rxe/vm.sh
 SCRATCH=$(mktemp -d /var/tmp/rxe-vm-check.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
 failures=0

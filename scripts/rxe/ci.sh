@@ -30,8 +30,8 @@
 # seconds), RXEVM_* for scripts/rxe-vm.sh, MRC_PAIR_* for scripts/rxe-pair-tests.sh.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VM=$ROOT/scripts/rxe-vm.sh
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VM=$ROOT/scripts/rxe/vm.sh
 JOBS=${MRC_JOBS:-2}
 GUEST_TIMEOUT=${MRC_RXE_TIMEOUT:-600}
 PAIR=0
@@ -132,7 +132,7 @@ project_build() {
   fi
   mkdir -p "$BUILD/rxe-selfcheck"
   gcc -std=c11 -O2 -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-prototypes -Werror \
-    -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/tests/rxe/rxe_selfcheck.c" -libverbs
+    -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/scripts/rxe/selfcheck.c" -libverbs
 }
 
 timed "vm setup" "$VM" setup
@@ -149,7 +149,7 @@ if [ $PAIR = 1 ]; then
   # failure is final.
   pair_log=$(mktemp /tmp/mrcache-rxe-pair.XXXXXX)
   for attempt in $(seq "${MRC_PAIR_ATTEMPTS:-3}"); do
-    "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-pair-tests.sh" "$BUILD" |
+    "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/pair-tests.sh" "$BUILD" |
       tee "$pair_log"
     rc=${PIPESTATUS[0]}
     grep -q '^RXEVM-RESULT: FAIL (a guest kernel crashed' "$pair_log" || break
@@ -158,7 +158,7 @@ if [ $PAIR = 1 ]; then
   done
   rm -f "$pair_log"
 else
-  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
+  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/guest-tests.sh" "$BUILD"
 fi
 rc=$?
 set -e

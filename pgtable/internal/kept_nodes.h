@@ -5,7 +5,7 @@
 // pgtable.h.
 #pragma once
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 
