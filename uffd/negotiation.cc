@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Negotiation: the userfaultfd mode (MRC_MONITOR, the kernel's features, a trial registration)
-// and the unmap probe (see negotiation.h).
+// and the unmap probe (see internal/negotiation.h).
 //
-// SYNCHRONIZATION: see monitor_state.h (negotiate() runs under the registry mutex; the probe is
-// one ioctl, any thread).
+// SYNCHRONIZATION: see internal/monitor_state.h (negotiate() runs under the registry mutex; the
+// probe is one ioctl, any thread).
 #include "uffd/internal/negotiation.h"
 
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The subscription: draining the queue, the unmap probe, subscribe and unsubscribe.
 //
-// SYNCHRONIZATION: see subscription.h (the cursor) and monitor_state.h (the registry).
+// SYNCHRONIZATION: see subscription.h (the cursor) and internal/monitor_state.h (the registry).
 #include "uffd/subscription.h"
 
 #include <time.h>

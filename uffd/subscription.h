@@ -14,8 +14,8 @@
 //
 // SYNCHRONIZATION
 //   subscribe(), unsubscribe()  any thread; they take the monitor's registry mutex
-//                   (monitor_state.h), which guards the subscriber list (prev_, next_) and the
-//                   monitor's start and stop. The monitor thread never takes it.
+//                   (internal/monitor_state.h), which guards the subscriber list (prev_, next_) and
+//                   the monitor's start and stop. The monitor thread never takes it.
 //   Subscription::quiescent()  any thread, no lock: acquire loads of `pending`, of the queue
 //                   head and of the subscription's cursor. Pairs with the monitor's lowering of
 //                   `pending` (after publishing) and with drain()'s release store of the cursor
@@ -23,8 +23,8 @@
 //   Subscription::drain()  one thread at a time per subscription (the cache holds its own
 //                   lock).
 //   probe_unmaps(), settle_unmaps(), mode()  any thread, no lock: they read the monitor's probe
-//                   descriptor (acquire) and mode (relaxed); see monitor_state.h for what they pair
-//                   with.
+//                   descriptor (acquire) and mode (relaxed); see internal/monitor_state.h for what
+//                   they pair with.
 #pragma once
 
 #include <atomic>
@@ -106,7 +106,7 @@ class Subscription {
   };
   // One ioctl (none when no monitor runs), any thread, no lock; errno is kept. A seq_cst fence
   // follows it, so the caller's quiescent() or drain() comes after the kernel's answer. Inline,
-  // as the ioctl is (probe.h).
+  // as the ioctl is (internal/probe.h).
   [[gnu::always_inline]] Unmaps probe_unmaps() const noexcept;
   // Probes until the answer is not InFlight, sleeping between tries until the monitor ends a
   // batch; InFlight when the changes in flight outlast a bounded wait (100 ms). Any thread, no

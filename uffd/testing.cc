@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the monitor (see testing.h).
 //
-// SYNCHRONIZATION: see monitor_state.h (the registry mutex, the test control fields).
+// SYNCHRONIZATION: see internal/monitor_state.h (the registry mutex, the test control fields).
 #include "uffd/testing.h"
 
 #include <atomic>

@@ -10,8 +10,8 @@
 //   Monitor::info   (below) the mode, why, and counters: mrc_monitor_info()
 // Test-only controls are in testing.h, which the library never includes.
 //
-// SYNCHRONIZATION: see subscription.h and watches.h for their calls, monitor_state.h for the
-// monitor thread and the registry mutex (Monitor::info takes it).
+// SYNCHRONIZATION: see subscription.h and watches.h for their calls, internal/monitor_state.h for
+// the monitor thread and the registry mutex (Monitor::info takes it).
 //
 // Environment (read at each monitor start):
 //   MRC_MONITOR=auto|wp-async|wp|missing|off   forces a mode; off means uncached.

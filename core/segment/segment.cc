@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The C API of segment handles: their parameters (mrc_seg_params_t, and its 0.1 layout: see
-// seg_params.h), base/size, the heap, info, close, and the last error (an alias of
+// internal/seg_params.h), base/size, the heap, info, close, and the last error (an alias of
 // mrc_last_error, base/error.h).
 //
 // SYNCHRONIZATION: a handle's mapping is immutable while the handle is open (the caller must

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// System helpers of the segment code. SYNCHRONIZATION: see sys.h (no shared state here; the
-// last error is thread-local, in base/error.h).
+// System helpers of the segment code. SYNCHRONIZATION: see internal/sys.h (no shared state here;
+// the last error is thread-local, in base/error.h).
 #include "core/segment/internal/sys.h"
 
 #include <fcntl.h>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Checks of values read from shared memory (validate.h). SYNCHRONIZATION: none; pure functions.
+// Checks of values read from shared memory (internal/validate.h). SYNCHRONIZATION: none; pure
+// functions.
 #include "core/segment/internal/validate.h"
 
 #include <cstring>

@@ -2,7 +2,7 @@
 // RadixPageTable::insert(): the descent to the slot where the region stops fitting in one slot,
 // the usual cases (an empty slot, a slot holding one region) without the general recursion, and
 // the general case, whose new nodes are counted and allocated before the table changes. A private
-// part of pgtable_impl.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
+// part of pgtable/definitions.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <algorithm>

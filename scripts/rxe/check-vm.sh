@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# check-rxe-vm.sh: self-check of scripts/rxe-vm.sh (no ctest: it boots a dozen guests, about 3
-# minutes under TCG). Run as root after `scripts/rxe-vm.sh setup`:
-#   tests/rxe/check-rxe-vm.sh
+# scripts/rxe/check-vm.sh: self-check of scripts/rxe/vm.sh (no ctest: it boots a dozen guests, about 3
+# minutes under TCG). Run as root after `scripts/rxe/vm.sh setup`:
+#   scripts/rxe/check-vm.sh
 # Each case states the contract it pins; the script exits non-zero when any case fails.
 # shellcheck disable=SC2016  # the guest commands are single-quoted on purpose
 set -uo pipefail
