@@ -3,7 +3,7 @@
 // mrc_last_error() returns (and its older names mrc_backend_last_error(), mrc_seg_last_error()).
 // Every component writes its cause here: the backends through backends::fail and
 // mrc_backend_set_error, the segment code through seg::fail and seg::set_error (core/segment/
-// sys.h, which formats with fmt and stores the result here).
+// internal/sys.h, which formats with fmt and stores the result here).
 //
 // SYNCHRONIZATION: the only state is the thread-local buffer; each thread reads and writes only
 // its own. Nothing is shared.

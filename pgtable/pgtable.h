@@ -698,7 +698,7 @@ void RadixPageTable<kInnerBits, kLeafBits>::for_each_node(Fn &&fn) const {
 }
 
 // PageTable's shape (below) is instantiated in pgtable.cc, the library's only one. Other shapes are
-// instantiated by whoever uses them, from pgtable_impl.h (the tests, the benchmark).
+// instantiated by whoever uses them, from pgtable/definitions.h (the tests, the benchmark).
 extern template class RadixPageTable<7, 4>;
 
 }  // namespace detail

@@ -11,10 +11,16 @@
 #   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
 #   layer 4  core/monitor/     may include: mrcache/ base/ uffd/ core/monitor/   liburing
 #                              (it reaches the cache through the public C API only)
-#   layer 5  tools/ tests/     not checked (they see the library and its private headers)
+#   layer 5  tools/ tests/     not checked for the order (they see the library); tools/ is
+#                              checked for the private headers below
 #
 # Test-only controls (`<component>/testing.h`) are never included by the library, except by the file
 # that defines them (testing_definers below).
+#
+# A component's private headers live in its `internal/` folder (`pgtable/internal/`,
+# `uffd/internal/`, `core/segment/internal/`): only the component's own files include them. This
+# is checked for every file of the tree outside tests/ (tests may see private headers), tools/,
+# integrations/ and examples/ included.
 #
 # Standard C, C++ and POSIX/Linux headers are always allowed. An include is resolved like the
 # compiler does: first next to the including file, then from the source root and include/.
@@ -110,6 +116,12 @@ resolve() {
 # (uffd/testing_env.cc is compiled into test programs and tools only, not into the library).
 testing_definers=" base/proc_maps.cc uffd/testing.cc uffd/testing_env.cc core/cache/testing.cc core/cache/testing_env.cc "
 
+# internal_owner PATH -> the component folder whose private header PATH is ("" when it is none).
+internal_owner() {
+  [[ $1 == */internal/* ]] && echo "${1%%/internal/*}"
+  return 0
+}
+
 violations=0
 checked=0
 mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard -- \
@@ -124,7 +136,10 @@ for f in "${files[@]}"; do
     [[ $text =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\<\"]([^\>\"]+)[\>\"] ]] || continue
     header=${BASH_REMATCH[1]}
     target=$(resolve "$f" "$header")
-    if [[ -n $target && $target == */testing.h && $testing_definers != *" $f "* ]]; then
+    owner=$(internal_owner "$target")
+    if [[ -n $owner && $f != "$owner"/* ]]; then
+      why="$target is private to $owner/ (its internal/ folder)"
+    elif [[ -n $target && $target == */testing.h && $testing_definers != *" $f "* ]]; then
       why="library code may not include the test-only $target"
     elif [[ -n $target ]]; then
       allowed_internal "$layer" "$target" && continue
@@ -134,6 +149,24 @@ for f in "${files[@]}"; do
       why="layer $layer may not use the third-party header <$header>"
     fi
     echo "$f:$lineno: $why (SOURCES.md)"
+    violations=$((violations + 1))
+  done < <(grep -nE '^[[:space:]]*#[[:space:]]*include' "$f" || true)
+done
+
+# Outside the library (tests/ excepted): only the rule of private headers.
+mapfile -d '' others < <(git ls-files -z --cached --others --exclude-standard -- \
+  'tools/*' 'integrations/*' 'examples/*')
+for f in "${others[@]}"; do
+  [[ -f $f && $f =~ \.(h|hpp|hh|c|cc|cpp|inc|ipp)$ ]] || continue
+  checked=$((checked + 1))
+  while IFS= read -r line; do
+    lineno=${line%%:*}
+    text=${line#*:}
+    [[ $text =~ ^[[:space:]]*#[[:space:]]*include[[:space:]]*[\<\"]([^\>\"]+)[\>\"] ]] || continue
+    target=$(resolve "$f" "${BASH_REMATCH[1]}")
+    owner=$(internal_owner "$target")
+    [[ -n $owner && $f != "$owner"/* ]] || continue
+    echo "$f:$lineno: $target is private to $owner/ (its internal/ folder) (SOURCES.md)"
     violations=$((violations + 1))
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include' "$f" || true)
 done

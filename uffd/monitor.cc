@@ -2,7 +2,7 @@
 // The monitor's lifecycle: start (negotiate, allocate, spawn the thread) and stop, keeping the
 // watch table in step with the queue, the fork handlers, and mrc_monitor_info().
 //
-// SYNCHRONIZATION: see monitor_state.h.
+// SYNCHRONIZATION: see internal/monitor_state.h.
 #include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
@@ -25,11 +25,11 @@
 #include "base/proc_maps.h"
 #include "base/sized.h"
 #include "base/ticks.h"
-#include "uffd/internal.h"
-#include "uffd/kernel.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/negotiation.h"
+#include "uffd/internal/plumbing.h"
 #include "uffd/modes.h"
-#include "uffd/monitor_state.h"
-#include "uffd/negotiation.h"
 #include "uffd/uffd.h"
 
 namespace mrc::uffd::detail {
@@ -331,7 +331,8 @@ void stop_locked() noexcept {
 void sync_watches_locked() noexcept {
   if (!g_monitor.running) return;
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
-  // the snapshot that shows it (watch_table.h); the caller publishes the table again when done.
+  // the snapshot that shows it (internal/watch_table.h); the caller publishes the table again when
+  // done.
   g_monitor.watches.withdraw();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g_monitor.internal.drain([](const Invalidation &record) {
@@ -346,9 +347,9 @@ void sync_watches_locked() noexcept {
 // Why only when nothing is in flight: the kernel removes a VMA first and queues its UNMAP event
 // after dropping the mmap lock; until the monitor has read it, another thread may already have
 // mapped new memory at the same addresses, and a watch entry still stands there. Watches accept
-// that window (watch_table.h); unregistering does not: it would act on someone else's mapping.
-// Once the probe answers Clear, every such change begun before it has been read, hence (pending
-// protocol) is visible to the drain below, which waits for `pending` to fall
+// that window (internal/watch_table.h); unregistering does not: it would act on someone else's
+// mapping. Once the probe answers Clear, every such change begun before it has been read, hence
+// (pending protocol) is visible to the drain below, which waits for `pending` to fall
 // (docs/DESIGN.md, "Exact under concurrent unmaps").
 // Why never wait: the caller holds the registry mutex, which every first watch of a get needs,
 // and often its cache's mutex (a purge, the retirement of regions); an unmap stays in flight for

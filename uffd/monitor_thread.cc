@@ -2,7 +2,8 @@
 // The monitor thread: it waits until the userfaultfd is readable (io_uring, or poll(2) as the
 // fallback), reads the events in batches and publishes them into the invalidation queue.
 //
-// SYNCHRONIZATION: see monitor_state.h (the monitor thread) and queue.h (the producer side).
+// SYNCHRONIZATION: see internal/monitor_state.h (the monitor thread) and queue.h (the producer
+// side).
 #include <liburing.h>
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -16,8 +17,8 @@
 
 #include "base/check.h"
 #include "base/futex.h"
-#include "uffd/kernel.h"
-#include "uffd/monitor_state.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/monitor_state.h"
 
 namespace mrc::uffd::detail {
 
@@ -59,8 +60,9 @@ void publish(MonitorRun *run, InvalidationKind kind, uint64_t start, uint64_t en
       Invalidation{static_cast<uintptr_t>(start), static_cast<uintptr_t>(end), kind});
 }
 
-// The unmap of the round-trip measurement's own page (monitor_state.h, MonitorRun::scratch): the
-// one event matching it is neither published nor counted, and its owner learns that it was read.
+// The unmap of the round-trip measurement's own page (internal/monitor_state.h,
+// MonitorRun::scratch): the one event matching it is neither published nor counted, and its owner
+// learns that it was read.
 bool is_scratch(MonitorRun *run, uint64_t start, uint64_t end) noexcept {
   const uint64_t scratch = run->scratch.load(std::memory_order_acquire);
   if (scratch == 0 || start != scratch || end != scratch + run->page_size) return false;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Negotiation: the userfaultfd mode (MRC_MONITOR, the kernel's features, a trial registration)
-// and the unmap probe (see negotiation.h).
+// and the unmap probe (see internal/negotiation.h).
 //
-// SYNCHRONIZATION: see monitor_state.h (negotiate() runs under the registry mutex; the probe is
-// one ioctl, any thread).
-#include "uffd/negotiation.h"
+// SYNCHRONIZATION: see internal/monitor_state.h (negotiate() runs under the registry mutex; the
+// probe is one ioctl, any thread).
+#include "uffd/internal/negotiation.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -17,7 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "uffd/kernel.h"
+#include "uffd/internal/kernel.h"
 #include "uffd/modes.h"
 
 // Valgrind's client request, when its header is installed (Debian: valgrind); without it the

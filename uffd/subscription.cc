@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The subscription: draining the queue, the unmap probe, subscribe and unsubscribe.
 //
-// SYNCHRONIZATION: see subscription.h (the cursor) and monitor_state.h (the registry).
+// SYNCHRONIZATION: see subscription.h (the cursor) and internal/monitor_state.h (the registry).
 #include "uffd/subscription.h"
 
 #include <time.h>
@@ -13,9 +13,9 @@
 
 #include "base/check.h"
 #include "base/mutex.h"
-#include "uffd/internal.h"
-#include "uffd/monitor_state.h"
-#include "uffd/negotiation.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/negotiation.h"
+#include "uffd/internal/plumbing.h"
 
 namespace mrc::uffd {
 

@@ -7,15 +7,15 @@
 //
 // SYNCHRONIZATION
 //   1. subscribe() and unsubscribe(): any thread, under the monitor's registry mutex
-//      (monitor_state.h), which guards the subscriber list (prev_, next_) and the monitor's start
-//      and stop. The first subscriber starts the monitor, the last one stops it. The monitor
-//      thread never takes the mutex.
+//      (internal/monitor_state.h), which guards the subscriber list (prev_, next_) and the
+//      monitor's start and stop. The first subscriber starts the monitor, the last one stops it.
+//      The monitor thread never takes the mutex.
 //   2. quiescent(): any thread, no lock; acquire loads of `pending`, the queue head and the
 //      cursor, paired with the monitor's lowering of `pending` (after publishing) and with
 //      drain()'s release store of the cursor (after the records were applied).
 //   3. drain(): one thread at a time per subscription (the cache holds its own lock).
 //   4. probe_unmaps(), settle_unmaps(), mode(): any thread, no lock; they read the monitor's probe
-//      descriptor (acquire) and mode (relaxed), paired as monitor_state.h says.
+//      descriptor (acquire) and mode (relaxed), paired as internal/monitor_state.h says.
 #pragma once
 
 #include <atomic>
@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "mrcache/mrcache.h"
-#include "uffd/probe.h"
+#include "uffd/internal/probe.h"
 #include "uffd/queue.h"
 
 namespace mrc::uffd {
@@ -97,7 +97,7 @@ class Subscription {
   };
   // One ioctl (none when no monitor runs), any thread, no lock; errno is kept. A seq_cst fence
   // follows it, so the caller's quiescent() or drain() comes after the kernel's answer. Inline,
-  // as the ioctl is (probe.h).
+  // as the ioctl is (internal/probe.h).
   [[gnu::always_inline]] Unmaps probe_unmaps() const noexcept;
   // Probes until the answer is not InFlight, sleeping between tries until the monitor ends a
   // batch; InFlight when the changes in flight outlast a bounded wait (100 ms). Any thread, no

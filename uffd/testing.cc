@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Test-only controls of the monitor (see testing.h).
 //
-// SYNCHRONIZATION: see monitor_state.h (the registry mutex, the test control fields).
+// SYNCHRONIZATION: see internal/monitor_state.h (the registry mutex, the test control fields).
 #include "uffd/testing.h"
 
 #include <atomic>
 
 #include "base/mutex.h"
-#include "uffd/monitor_state.h"
-#include "uffd/watch_table.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/watch_table.h"
 
 namespace mrc::uffd::testing {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Watched ranges (see watch_table.h for the model and the synchronization contract).
-#include "uffd/watch_table.h"
+// Watched ranges (see internal/watch_table.h for the model and the synchronization contract).
+#include "uffd/internal/watch_table.h"
 
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -14,8 +14,8 @@
 #include <new>
 
 #include "base/check.h"
-#include "uffd/internal.h"
-#include "uffd/kernel.h"
+#include "uffd/internal/kernel.h"
+#include "uffd/internal/plumbing.h"
 #include "uffd/modes.h"
 
 namespace mrc::uffd::detail {
@@ -427,7 +427,7 @@ bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, cha
       explain_errno(why, why_len, "UFFDIO_REGISTER", error, lo, hi, config_.mode);
       return false;
     }
-    // Only if one VMA still covers [lo, hi) was all of it registered (watch_table.h). A
+    // Only if one VMA still covers [lo, hi) was all of it registered (internal/watch_table.h). A
     // registration that fails this check stays in the kernel unrecorded: it costs spurious events
     // only.
     os::Vma after;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Watches: watch, unwatch and unwatch_many on the monitor's watch table (see watches.h).
 //
-// SYNCHRONIZATION: see watches.h (the calls), watch_table.h (the fast path) and monitor_state.h
-// (the registry mutex).
+// SYNCHRONIZATION: see watches.h (the calls), internal/watch_table.h (the fast path) and
+// internal/monitor_state.h (the registry mutex).
 #include "uffd/watches.h"
 
 #include <unistd.h>
@@ -14,8 +14,8 @@
 
 #include "base/epoch.h"
 #include "base/mutex.h"
-#include "uffd/internal.h"
-#include "uffd/monitor_state.h"
+#include "uffd/internal/monitor_state.h"
+#include "uffd/internal/plumbing.h"
 
 namespace mrc::uffd {
 
@@ -41,7 +41,7 @@ bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, ch
 }  // namespace
 
 // The fast path: no lock, no syscall, when the range lies in a registered mapping and in a piece
-// that already counts a watch (watch_table.h). The order is the protocol: the internal
+// that already counts a watch (internal/watch_table.h). The order is the protocol: the internal
 // subscription's records are all applied (quiescent(): three acquire loads), then the snapshot is
 // read. Else the registry mutex; the internal subscription is drained only when records are
 // waiting.

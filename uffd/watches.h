@@ -1,17 +1,17 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Watches: which address ranges the monitor watches for the caches. Process-wide: every cache
 // watches and unwatches through these functions, on the monitor's one watch table
-// (watch_table.h, private), so the calls need no subscription of their own; while none exists
-// the monitor does not run and every watch answers NotMonitorable.
+// (internal/watch_table.h, private), so the calls need no subscription of their own; while none
+// exists the monitor does not run and every watch answers NotMonitorable.
 //
 // SYNCHRONIZATION
 //   watch(), unwatch(), unwatch_many()  any thread. Fast path, no lock: a watch of memory inside
 //                   a registered mapping whose piece already counts a watch, and an unwatch that
 //                   leaves its piece a watch, are one CAS on that piece's count under an
-//                   EpochGuard (watch_table.h). Every other call (a first watch, a last unwatch,
-//                   registration, eviction) takes the monitor's registry mutex (monitor_state.h),
-//                   which guards the table; the monitor thread never takes it. The mutex is held
-//                   across fork (pthread_atfork).
+//                   EpochGuard (internal/watch_table.h). Every other call (a first watch, a last
+//                   unwatch, registration, eviction) takes the monitor's registry mutex
+//                   (internal/monitor_state.h), which guards the table; the monitor thread never
+//                   takes it. The mutex is held across fork (pthread_atfork).
 #pragma once
 
 #include <cstddef>

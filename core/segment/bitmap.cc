@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
-#include "core/segment/validate.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
+#include "core/segment/internal/validate.h"
 
 namespace mrc::seg {
 

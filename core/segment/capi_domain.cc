@@ -14,9 +14,9 @@
 #include <cstring>
 #include <new>
 
-#include "core/segment/domain_internal.h"
 #include "core/segment/heap.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 using mrc::seg::fail;
 
@@ -181,7 +181,7 @@ mrc_status_t mrc_seg_domain_check(mrc_seg_domain_t *d) {
   }
   const WindowLimits limits = window_limits(d);
   for (unsigned i = 0; st == MRC_OK && i < kMaxSegments; ++i) {
-    const SegEntry e = root->segments[i];  // checked, then used: a copy (validate.h)
+    const SegEntry e = root->segments[i];  // checked, then used: a copy (internal/validate.h)
     if (e.state == kEntryFree) continue;
     if (e.state != kEntryReady && e.state <= kEntryDeleting) {
       st = fail(MRC_ERR_IO, "directory entry {} is in state {} outside the lock", i, e.state);
@@ -256,7 +256,8 @@ mrc_status_t mrc_seg_domain_repair(mrc_seg_domain_t *d, unsigned *repaired) {
   reap_dead_locked(d);
   remove_orphans_locked(d);
   // The heaps: map each heap segment's files anywhere (offsets, not pointers, inside).
-  // Copies of the heap entries that pass validate.h's checks (the others fail the check below).
+  // Copies of the heap entries that pass internal/validate.h's checks (the others fail the check
+  // below).
   struct Todo {
     SegEntry e;
     char file[160];

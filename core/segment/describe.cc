@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 namespace {
@@ -110,7 +110,7 @@ void flag_names(Buffer &out, unsigned flags, bool json) {
 
 // The heap counters of a segment, read from its header page. false when unreadable.
 bool heap_counters(const mrc_seg_domain *d, const SegEntry &e, HeapHeader *out) {
-  // Only an entry that passes validate.h's checks names a file worth mapping.
+  // Only an entry that passes internal/validate.h's checks names a file worth mapping.
   if (check_entry(e, 0, WindowLimits{d->va_pages, 0}) != MRC_OK) {
     clear_error();
     return false;

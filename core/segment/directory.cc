@@ -6,7 +6,7 @@
 //
 // SYNCHRONIZATION: see layout.h (the robust domain lock, the OFD presence locks) and domain.h
 // (lock order).
-// CRASH CONSISTENCY: see layout.h and domain_internal.h (root removal, segment files).
+// CRASH CONSISTENCY: see layout.h and internal/domain_calls.h (root removal, segment files).
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,8 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 
@@ -34,8 +34,8 @@ bool entry_file_name(const mrc_seg_domain *d, const SegEntry &e, char (&out)[160
 void teardown_entry_locked(mrc_seg_domain *d, unsigned index) {
   RootHeader *root = d->root;
   SegEntry &e = root->segments[index];
-  // The values used are read once (shared memory: validate.h); a range outside the window frees
-  // no page, a scribbled name unlinks no file.
+  // The values used are read once (shared memory: internal/validate.h); a range outside the window
+  // frees no page, a scribbled name unlinks no file.
   const uint32_t flags = e.flags;
   const uint64_t va_offset = e.va_offset;
   const uint64_t va_pages = e.va_pages;
@@ -118,7 +118,7 @@ void repair_locked(mrc_seg_domain *d) {
   for (unsigned i = 0; i < kMaxSegments; ++i) {
     SegEntry &e = root->segments[i];
     if (e.state == kEntryFree) continue;
-    // An entry that fails validate.h's checks is garbage: no process can have mapped it.
+    // An entry that fails internal/validate.h's checks is garbage: no process can have mapped it.
     if (e.state != kEntryReady || check_entry(e, i, limits) != MRC_OK) {
       teardown_entry_locked(d, i);  // creating: roll back; deleting: roll forward
       continue;

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "base/sized.h"
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 

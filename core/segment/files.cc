@@ -12,8 +12,8 @@
 
 #include <cerrno>
 
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 

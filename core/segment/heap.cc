@@ -3,7 +3,7 @@
 // HeapHeader::lock; the chain of block sizes changes by single 8-byte stores separated by
 // compiler fences; everything else is rebuilt by repair_locked() after EOWNERDEAD.
 //
-// Shared memory is input (validate.h): the heap's size is the one this process mapped
+// Shared memory is input (internal/validate.h): the heap's size is the one this process mapped
 // (data_size_), never the header's word; the header is checked when the lock is taken, and each
 // offset read from a block (a size, a free-list link) is checked before it is followed, so a
 // scribbled word makes the call fail with MRC_ERR_IO and nothing outside the mapping is touched.
@@ -14,8 +14,8 @@
 #include <cstring>
 #include <new>
 
-#include "core/segment/sys.h"
-#include "core/segment/validate.h"
+#include "core/segment/internal/sys.h"
+#include "core/segment/internal/validate.h"
 
 namespace mrc::seg {
 

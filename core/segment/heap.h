@@ -49,8 +49,8 @@ class SharedHeap {
   // false (and the reason in the last error) when ptr is not a live block of this heap.
   bool free(void *ptr) noexcept;
   // Lock (recovering a dead owner's lock), verify, fill stats (may be NULL). Every value of the
-  // shared header and of the blocks is checked before use (validate.h): a bad one is MRC_ERR_IO
-  // and nothing outside [data, data + data_size) is read or written.
+  // shared header and of the blocks is checked before use (internal/validate.h): a bad one is
+  // MRC_ERR_IO and nothing outside [data, data + data_size) is read or written.
   [[nodiscard]] mrc_status_t check(mrc_seg_heap_stats_t *stats) noexcept;
   // Lock and unlock only: recovers the lock if its owner died. true when a repair ran.
   [[nodiscard]] mrc_status_t recover(bool *repaired) noexcept;

@@ -6,7 +6,7 @@
 //
 // SYNCHRONIZATION: see layout.h (the ready word, the creator and presence locks, the robust
 // domain lock) and domain.h (lock order).
-// CRASH CONSISTENCY: see domain_internal.h (root creation, root removal).
+// CRASH CONSISTENCY: see internal/domain_calls.h (root creation, root removal).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,8 +16,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/segment/domain_internal.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 

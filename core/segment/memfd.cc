@@ -23,9 +23,9 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
-#include "core/segment/seg_params.h"
-#include "core/segment/sys.h"
-#include "core/segment/validate.h"
+#include "core/segment/internal/seg_params.h"
+#include "core/segment/internal/sys.h"
+#include "core/segment/internal/validate.h"
 
 namespace mrc::seg {
 
@@ -145,7 +145,8 @@ using mrc::seg::fail;
 
 extern "C" {
 
-// mrc_seg_params_t gained struct_size in 0.2 (seg_params.h): mrc_seg_memfd_create exists as
+// mrc_seg_params_t gained struct_size in 0.2 (internal/seg_params.h): mrc_seg_memfd_create exists
+// as
 // *_v2 (name@@MRCACHE_0.2) and as *_v0 (name@MRCACHE_0, the 0.1 layout), as in segment.cc.
 MRC_API mrc_status_t mrc_seg_memfd_create_v2(const mrc_seg_params_t *params, mrc_seg_t **out);
 MRC_API mrc_status_t mrc_seg_memfd_create_v0(const mrc::seg::SegParamsV0 *params, mrc_seg_t **out);
@@ -356,8 +357,8 @@ mrc_status_t mrc_seg_recv(int sock, mrc_seg_t **out) {
   std::memcpy(&h, peek, sizeof h);
   munmap(peek, page);
   const uint64_t header = page > kSegHeaderSize ? page : kSegHeaderSize;
-  // The peer is not trusted (validate.h): every field is checked, the heap's too. The heap is
-  // checked again each time its lock is taken, since the peer can still write to it.
+  // The peer is not trusted (internal/validate.h): every field is checked, the heap's too. The heap
+  // is checked again each time its lock is taken, since the peer can still write to it.
   if (check_memfd_header(h, msg.base, msg.map_size, header) != MRC_OK ||
       ((h.flags & MRC_SEG_HEAP) != 0 && check_heap_header(h.heap, h.data_size) != MRC_OK)) {
     char why[mrc::kLastErrorSize];

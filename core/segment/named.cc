@@ -5,7 +5,7 @@
 //
 // SYNCHRONIZATION: see domain.h (mrc_seg_domain::mu, then the shared domain lock) and layout.h
 // (the directory entry's states; the segment header).
-// CRASH CONSISTENCY: see domain_internal.h (segment files).
+// CRASH CONSISTENCY: see internal/domain_calls.h (segment files).
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
@@ -17,9 +17,9 @@
 #include <cstring>
 #include <new>
 
-#include "core/segment/domain_internal.h"
 #include "core/segment/heap.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/domain_calls.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 
@@ -136,8 +136,8 @@ mrc_status_t validate_segment(const mrc_seg_domain *d, const SegEntry &e, const 
 }
 
 // Maps a ready segment at its window address. REQUIRES: domain lock held; `e` is a copy of the
-// entry that passed check_entry (validate.h): its range lies inside this process's window, so the
-// MAP_FIXED below replaces only our own reservation.
+// entry that passed check_entry (internal/validate.h): its range lies inside this process's window,
+// so the MAP_FIXED below replaces only our own reservation.
 mrc_status_t map_existing_locked(mrc_seg_domain *d, const SegEntry &e, MappedSegment *m) {
   char *start = reinterpret_cast<char *>(d->base + e.va_offset);
   m->start = start;
@@ -328,8 +328,8 @@ mrc_status_t map_backing(const mrc_seg_params_t *p, const Backing &backing, char
               backing.hugepage != 0 ? " (not enough free huge pages?)" : "");
 }
 
-// Writes the segment header that check_segment_header (validate.h) will hold later mappings
-// to, and sets up the heap of a MRC_SEG_HEAP segment.
+// Writes the segment header that check_segment_header (internal/validate.h) will hold later
+// mappings to, and sets up the heap of a MRC_SEG_HEAP segment.
 mrc_status_t init_header(const mrc_seg_domain *d, const mrc_seg_params_t *p, const SegEntry &e,
                          const SegLayout &lay, MappedSegment *m) {
   auto *h = reinterpret_cast<SegHeader *>(m->start);
@@ -446,8 +446,8 @@ mrc_status_t segment_open(mrc_seg_domain *d, const mrc_seg_params_t *p, mrc_seg 
   }
   bool created = false;
   MappedSegment *result = nullptr;
-  // The entry as used: a copy, checked (validate.h) before anything of it is used, so a value
-  // scribbled into the directory is MRC_ERR_IO and never an address.
+  // The entry as used: a copy, checked (internal/validate.h) before anything of it is used, so a
+  // value scribbled into the directory is MRC_ERR_IO and never an address.
   SegEntry e{};
   if (found >= 0) {
     e = root->segments[found];

@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "core/segment/domain.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 

@@ -12,7 +12,7 @@
 // Invalidation on close is the monitor's: mrc_seg_close drops the segment's reference and then
 // replaces the mapping with a PROT_NONE reservation, an unmap the monitor reports.
 #include "core/segment/domain.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/sys.h"
 
 using mrc::seg::fail;
 

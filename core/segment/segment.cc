@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The C API of segment handles: their parameters (mrc_seg_params_t, and its 0.1 layout: see
-// seg_params.h), base/size, the heap, info, close, and the last error (an alias of
+// internal/seg_params.h), base/size, the heap, info, close, and the last error (an alias of
 // mrc_last_error, base/error.h).
 //
 // SYNCHRONIZATION: a handle's mapping is immutable while the handle is open (the caller must
@@ -17,8 +17,8 @@
 #include "base/sized.h"
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
-#include "core/segment/seg_params.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/seg_params.h"
+#include "core/segment/internal/sys.h"
 
 using mrc::seg::fail;
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// System helpers of the segment code. SYNCHRONIZATION: see sys.h (no shared state here; the
-// last error is thread-local, in base/error.h).
-#include "core/segment/sys.h"
+// System helpers of the segment code. SYNCHRONIZATION: see internal/sys.h (no shared state here;
+// the last error is thread-local, in base/error.h).
+#include "core/segment/internal/sys.h"
 
 #include <fcntl.h>
 #include <sys/random.h>

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Checks of values read from shared memory (validate.h). SYNCHRONIZATION: none; pure functions.
-#include "core/segment/validate.h"
+// Checks of values read from shared memory (internal/validate.h). SYNCHRONIZATION: none; pure
+// functions.
+#include "core/segment/internal/validate.h"
 
 #include <cstring>
 
 #include "core/segment/heap.h"
-#include "core/segment/sys.h"
+#include "core/segment/internal/sys.h"
 
 namespace mrc::seg {
 

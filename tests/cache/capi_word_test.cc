@@ -102,7 +102,7 @@ TEST_F(CapiWord, SecondPutOfAParkedReferenceIsRefused) {
   char *p = map_pages(4);
   ASSERT_NE(p, nullptr);
   mrc_region_t *region = nullptr;
-  for (int i = 0; i < 32; ++i) {  // hot: promoted, its puts park (cache_parking_test.cc)
+  for (int i = 0; i < 32; ++i) {  // hot: promoted, its puts park (parking_test.cc)
     ASSERT_EQ(mrc_get(cache, p, 4 * kPage, MRC_PROT_READ, &region), MRC_OK);
     mrc_put(cache, region);
   }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The shapes of the radix page table the tests compare besides PageTable's (which the library
-// instantiates): instantiated here from the definitions in pgtable_impl.h, once for every test.
-#include "pgtable/pgtable_impl.h"
+// instantiates): instantiated here from the definitions in pgtable/definitions.h, once for every
+// test.
+#include "pgtable/definitions.h"
 
 namespace mrc::detail {
 

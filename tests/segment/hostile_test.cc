@@ -4,7 +4,7 @@
 // refused with MRC_ERR_IO (the field named in mrc_last_error()) and nothing outside the window
 // or the mapping is touched. Where today's code would crash the process, the scenario runs in a
 // forked child (tests/common/fork_child.h) so that a regression fails instead of killing the
-// test program. Also: the pure checks of core/segment/validate.h, and squatted file names.
+// test program. Also: the pure checks of core/segment/internal/validate.h, and squatted file names.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -20,8 +20,8 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
+#include "core/segment/internal/validate.h"
 #include "core/segment/layout.h"
-#include "core/segment/validate.h"
 #include "mrcache/mrcache.h"
 #include "seg_test_util.h"
 #include "tests/common/fork_child.h"

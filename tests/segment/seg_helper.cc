@@ -24,8 +24,8 @@
 
 #include "core/segment/domain.h"
 #include "core/segment/heap.h"
+#include "core/segment/internal/sys.h"
 #include "core/segment/layout.h"
-#include "core/segment/sys.h"
 #include "mrcache/mrcache.h"
 
 namespace {

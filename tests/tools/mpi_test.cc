@@ -2,7 +2,7 @@
 // mrcache-mpi as a user runs it, without an RDMA device or mpirun: bad arguments are usage
 // errors that name the option (checked before MPI starts), and `report` turns bench output into
 // medians and ratios that follow from the raw figures. The runs across nodes are the rxe-pair
-// lane's (scripts/rxe-pair-tests.sh).
+// lane's (scripts/rxe/pair-tests.sh).
 #include <unistd.h>
 
 #include <fstream>

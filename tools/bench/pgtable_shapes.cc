@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The shapes of the radix page table bench_pgtable.cc measures besides PageTable's (which the
-// library instantiates): instantiated here from the definitions in pgtable_impl.h.
-#include "pgtable/pgtable_impl.h"
+// library instantiates): instantiated here from the definitions in pgtable/definitions.h.
+#include "pgtable/definitions.h"
 
 namespace mrc::detail {
 

@@ -240,7 +240,7 @@ int run(int argc, char **argv) {
       cache_hits += row.messages - row.registrations;
     }
   }
-  // One line for scripts (scripts/fi-oracle-matrix.sh).
+  // One line for scripts (scripts/rxe/fi-oracle-matrix.sh).
   std::printf(
       "fi-oracle-summary: status=%s messages=%llu stale=%llu corrupt=%llu errors=%llu "
       "not_reused=%llu cache_hits=%llu\n",

@@ -29,7 +29,7 @@
 namespace {
 
 int default_gid_index() {
-  // scripts/rxe-vm.sh's pair mode exports the IPv4 RoCE v2 GID's index.
+  // scripts/rxe/vm.sh's pair mode exports the IPv4 RoCE v2 GID's index.
   const char *env = getenv("RXE_GID");
   uint64_t index = 0;
   return env != nullptr && mrc_tools::parse_unsigned(env, &index) && index < 256

@@ -25,7 +25,7 @@ std::unique_ptr<VerbsDevice> open_verbs_device(const std::string &name, int gid_
     if (list != nullptr) ibv_free_device_list(list);
     *error =
         "no RDMA device (ibv_get_device_list found none; the verbs lane runs in the rxe VM: "
-        "scripts/rxe-vm.sh)";
+        "scripts/rxe/vm.sh)";
     return nullptr;
   }
   ibv_device *chosen = nullptr;

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "core/segment/domain.h"
+#include "core/segment/internal/sys.h"
 #include "core/segment/layout.h"
-#include "core/segment/sys.h"
 #include "mrcache/mrcache.h"
 #include "seg_test_util.h"
 #include "tests/common/fork_child.h"

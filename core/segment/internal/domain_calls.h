@@ -26,8 +26,8 @@
 #include <cstdint>
 
 #include "core/segment/domain.h"
+#include "core/segment/internal/validate.h"
 #include "core/segment/layout.h"
-#include "core/segment/validate.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::seg {

@@ -11,7 +11,7 @@
 #include <cstdio>
 
 #include "mrcache/mrcache.h"
-#include "uffd/probe.h"
+#include "uffd/internal/probe.h"
 
 namespace mrc::uffd::detail {
 

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable::remove(): one descent along the region's start, then the nodes left with a
-// single region or child collapse bottom-up (unless kept: kept_nodes_impl.h), and the unlinked
-// nodes are retired. A private part of pgtable_impl.h: not for other layers. SYNCHRONIZATION: see
-// pgtable.h.
+// single region or child collapse bottom-up (unless kept: kept_nodes.h), and the unlinked
+// nodes are retired. A private part of pgtable/definitions.h: not for other layers.
+// SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <bit>
 #include <iterator>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

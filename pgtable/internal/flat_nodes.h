@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable's flat nodes (see kFlats in pgtable.h): a level-1 node and its leaves as one
 // array of page slots; when a level-1 node becomes flat and when it goes back to a tree. A private
-// part of pgtable_impl.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
+// part of pgtable/definitions.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <new>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

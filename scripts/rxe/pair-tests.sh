@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# rxe-pair-tests.sh BUILD_DIR: the two-node test list. Runs INSIDE nodea of the guest pair
-# (scripts/ci-rxe.sh starts it with `scripts/rxe-vm.sh pair`, nodeb running
-# scripts/rxe-pair/serve.sh), with rxe0 up on each node. Launches mrcache-mpi across both nodes
+# scripts/rxe/pair-tests.sh BUILD_DIR: the two-node test list. Runs INSIDE nodea of the guest pair
+# (scripts/rxe/ci.sh starts it with `scripts/rxe/vm.sh pair`, nodeb running
+# scripts/rxe/pair/serve.sh), with rxe0 up on each node. Launches mrcache-mpi across both nodes
 # with Open MPI (ob1/TCP on the private wire for MPI, rxe0 for the RDMA). Every step runs even
 # after a failure; the exit status is 0 only when none failed. Last, it stops nodeb.
 #
 # Steps:
-#   agent        nodeb's command channel answers (scripts/rxe-pair/agent.sh)
+#   agent        nodeb's command channel answers (scripts/rxe/pair/agent.sh)
 #   stress-*     mrcache-mpi stress: exact, fast, and exact with 2 ranks per node; then
 #                through a cache that never invalidates, which must fail (the oracle's control)
 #   bench-*      mrcache-mpi bench through exact, fast, ucx and none, then its report
@@ -34,7 +34,7 @@ fi
 build=$(cd "$1" && pwd)
 mpi=$build/tools/mpi/mrcache-mpi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-agent=$here/rxe-pair/agent.sh
+agent=$here/pair/agent.sh
 stress_seconds=${MRC_PAIR_STRESS_SECONDS:-30}
 read -r -a bench_args <<<"${MRC_PAIR_BENCH_ARGS:---sizes 4k,64k,1m --k 1,16,inf --messages 16 --max-bytes 8m}"
 bench_reps=${MRC_PAIR_BENCH_REPS:-1}

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# rxe-vm.sh: run commands against soft-RoCE (rdma_rxe) on a host whose own kernel has no RDMA
+# scripts/rxe/vm.sh: run commands against soft-RoCE (rdma_rxe) on a host whose own kernel has no RDMA
 # stack, by booting a stock Debian kernel in a QEMU guest with a small busybox initramfs.
 #
-#   scripts/rxe-vm.sh setup                 install host packages, fetch + unpack the guest kernel
-#   scripts/rxe-vm.sh build                 build the initramfs (skipped when up to date)
-#   scripts/rxe-vm.sh run [OPTS] [--] [CMD...]
+#   scripts/rxe/vm.sh setup                 install host packages, fetch + unpack the guest kernel
+#   scripts/rxe/vm.sh build                 build the initramfs (skipped when up to date)
+#   scripts/rxe/vm.sh run [OPTS] [--] [CMD...]
 #                                           boot, bring up rxe0/rxe1, run CMD in the guest, power off
-#   scripts/rxe-vm.sh all [OPTS] [--] [CMD...]  setup + build + run
-#   scripts/rxe-vm.sh pair [--timeout SEC] [--b SCRIPT_B] [--] CMD...
+#   scripts/rxe/vm.sh all [OPTS] [--] [CMD...]  setup + build + run
+#   scripts/rxe/vm.sh pair [--timeout SEC] [--b SCRIPT_B] [--] CMD...
 #                                           two guests on one private wire, CMD on the first
 #                                           (see cmd_pair)
 #     OPTS: --rw DIR       share host DIR read-write (e.g. the build dir); all else is read-only
@@ -644,8 +644,8 @@ cmd_run() {
 # joined by QEMU's dgram netdev: UDP between 127.0.0.1:$RXEVM_WIRE_PORT and the next port, so the
 # wire never leaves the host's loopback and needs no tap, bridge or privilege (RXEVM_WIRE=udp,
 # socket or stream pick older or TCP spellings; TCP costs ~15x in latency). nodea runs CMD,
-# nodeb SCRIPT_B (default scripts/rxe-pair/serve.sh: the command channel nodea's
-# scripts/rxe-pair/agent.sh talks to, also Open MPI's rsh agent). Each runs
+# nodeb SCRIPT_B (default scripts/rxe/pair/serve.sh: the command channel nodea's
+# scripts/rxe/pair/agent.sh talks to, also Open MPI's rsh agent). Each runs
 # in the host's / under chroot, as in `run`, with RXE_NAME, RXE_IP, RXE_PEER,
 # RXE_GID (IPv4 RoCE v2 GID index) and RXE_GID_LL (link-local). B is expected to end when A's
 # command tells it to; it is killed by pid RXEVM_B_GRACE [30] seconds after A ends. Defaults
@@ -654,7 +654,7 @@ cmd_run() {
 # either console fails the pair. Exit status: CMD's; 125 when a guest itself failed.
 cmd_pair() {
   local timeout=$TIMEOUT sb
-  sb=$(dirname "$SELF")/rxe-pair/serve.sh
+  sb=$(dirname "$SELF")/pair/serve.sh
   while [ $# -gt 0 ]; do
     case $1 in
       --timeout) [ $# -ge 2 ] || usage; timeout=$2; shift 2 ;;

@@ -1,6 +1,6 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# agent.sh [-opts...] HOST CMD...: the ssh of the two-guest pair (scripts/rxe-vm.sh pair), also
+# agent.sh [-opts...] HOST CMD...: the ssh of the two-guest pair (scripts/rxe/vm.sh pair), also
 # Open MPI's plm_rsh_agent. Sends CMD as one line to serve.sh's listener on HOST:2222, prints
 # what it prints (stderr included) and exits with its status (255: no answer).
 while [[ ${1:-} == -* ]]; do shift; done

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# ci-rxe.sh: the rxe soft-RoCE CI lanes. The host kernel has no RDMA stack, so the verbs tests
-# run in QEMU guests with rdma_rxe (scripts/rxe-vm.sh) against the host's own build.
+# scripts/rxe/ci.sh: the rxe soft-RoCE CI lanes. The host kernel has no RDMA stack, so the verbs tests
+# run in QEMU guests with rdma_rxe (scripts/rxe/vm.sh) against the host's own build.
 #
-#   scripts/ci-rxe.sh            one guest: the verbs tests (as root: it installs Debian
+#   scripts/rxe/ci.sh            one guest: the verbs tests (as root: it installs Debian
 #                                packages on first use)
-#   scripts/ci-rxe.sh --pair     two guests on one private wire: mrcache-mpi across them
+#   scripts/rxe/ci.sh --pair     two guests on one private wire: mrcache-mpi across them
 #
-# 1. scripts/rxe-vm.sh setup + build: host packages, guest kernel, initramfs (cached).
+# 1. scripts/rxe/vm.sh setup + build: host packages, guest kernel, initramfs (cached).
 # 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
 #    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
 #    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only what
@@ -15,23 +15,23 @@
 #    libfabric-dev is installed mrcache-fi-oracle and the libfabric plugin libmrcache-fi.so; with
 #    --pair, mrcache-mpi (and UCX's rcache module where libucx-dev is installed, and the
 #    libfabric plugin for the NetPIPE step where libfabric-dev is).
-# 3. tests/rxe/rxe_selfcheck.c compiled into BUILD/rxe-selfcheck/.
-# 4. One guest, BUILD shared read-write: scripts/rxe-guest-tests.sh BUILD (sanity, self-check,
+# 3. scripts/rxe/selfcheck.c compiled into BUILD/rxe-selfcheck/.
+# 4. One guest, BUILD shared read-write: scripts/rxe/guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs, the
 #    fi-oracle matrix: libfabric's own MR cache under each monitor, mrcache's plugin included;
 #    Debian's fi_pingpong under libfabric's default monitor and mrcache's).
-#    --pair: `scripts/rxe-vm.sh pair`, nodea running scripts/rxe-pair-tests.sh BUILD (stress
+#    --pair: `scripts/rxe/vm.sh pair`, nodea running scripts/rxe/pair-tests.sh BUILD (stress
 #    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report;
 #    NetPIPE over Open MPI's mtl/ofi under Open MPI's monitor and mrcache's);
 #    again, up to MRC_PAIR_ATTEMPTS [3] times in all, when a guest's kernel crashed.
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
 # Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
-# seconds), RXEVM_* for scripts/rxe-vm.sh, MRC_PAIR_* for scripts/rxe-pair-tests.sh.
+# seconds), RXEVM_* for scripts/rxe/vm.sh, MRC_PAIR_* for scripts/rxe/pair-tests.sh.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VM=$ROOT/scripts/rxe-vm.sh
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VM=$ROOT/scripts/rxe/vm.sh
 JOBS=${MRC_JOBS:-2}
 GUEST_TIMEOUT=${MRC_RXE_TIMEOUT:-600}
 PAIR=0
@@ -132,7 +132,7 @@ project_build() {
   fi
   mkdir -p "$BUILD/rxe-selfcheck"
   gcc -std=c11 -O2 -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-prototypes -Werror \
-    -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/tests/rxe/rxe_selfcheck.c" -libverbs
+    -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/scripts/rxe/selfcheck.c" -libverbs
 }
 
 timed "vm setup" "$VM" setup
@@ -149,7 +149,7 @@ if [ $PAIR = 1 ]; then
   # failure is final.
   pair_log=$(mktemp /tmp/mrcache-rxe-pair.XXXXXX)
   for attempt in $(seq "${MRC_PAIR_ATTEMPTS:-3}"); do
-    "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-pair-tests.sh" "$BUILD" |
+    "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/pair-tests.sh" "$BUILD" |
       tee "$pair_log"
     rc=${PIPESTATUS[0]}
     grep -q '^RXEVM-RESULT: FAIL (a guest kernel crashed' "$pair_log" || break
@@ -158,7 +158,7 @@ if [ $PAIR = 1 ]; then
   done
   rm -f "$pair_log"
 else
-  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe-guest-tests.sh" "$BUILD"
+  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/guest-tests.sh" "$BUILD"
 fi
 rc=$?
 set -e

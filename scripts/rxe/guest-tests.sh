@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# rxe-guest-tests.sh BUILD_DIR: the test list of the rxe lane. Runs INSIDE the soft-RoCE guest
-# (scripts/ci-rxe.sh starts it through `scripts/rxe-vm.sh run --rw BUILD_DIR`), with rxe0/rxe1
+# scripts/rxe/guest-tests.sh BUILD_DIR: the test list of the rxe lane. Runs INSIDE the soft-RoCE guest
+# (scripts/rxe/ci.sh starts it through `scripts/rxe/vm.sh run --rw BUILD_DIR`), with rxe0/rxe1
 # up and RXE_DEV0/RXE_GID0... in the environment. Every step runs even after a failure, so that
 # one log shows all of them; the exit status is 0 only when no step failed.
 #
 # Steps:
 #   sanity     ibv_devinfo shows $RXE_DEV0 with PORT_ACTIVE
-#   selfcheck  BUILD_DIR/rxe-selfcheck/rxe_selfcheck (tests/rxe/rxe_selfcheck.c): registration,
+#   selfcheck  BUILD_DIR/rxe-selfcheck/rxe_selfcheck (scripts/rxe/selfcheck.c): registration,
 #              RC RDMA READ loopback and rxe1 -> rxe0, rejection of a wrong rkey
 #   ctest      ctest -L verbs in BUILD_DIR; running zero tests is a FAILURE, never a pass
 #   stress     mrcache-stress --backend verbs --duration 20, when BUILD_DIR has it (else a note)
-#   fi-oracle  scripts/fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: libfabric's own MR cache under
+#   fi-oracle  scripts/rxe/fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: libfabric's own MR cache under
 #              its monitors (memhooks and userfaultfd must show stale deliveries, no cache none)
 #              and, when BUILD_DIR/integrations/libfabric has libmrcache-fi.so, under mrcache's
 #              (which must be exact); skipped (a note) when BUILD_DIR has no mrcache-fi-oracle
@@ -63,7 +63,7 @@ sanity() {
 
 selfcheck() {
   local bin=$build/rxe-selfcheck/rxe_selfcheck
-  [ -x "$bin" ] || { echo "$bin missing (scripts/ci-rxe.sh builds it)"; return 1; }
+  [ -x "$bin" ] || { echo "$bin missing (scripts/rxe/ci.sh builds it)"; return 1; }
   "$bin" "$RXE_DEV0" "${RXE_DEV1:-}"
 }
 

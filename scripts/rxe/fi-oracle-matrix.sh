@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: does a memory monitor let libfabric's own MR cache
-# serve stale registrations? Runs INSIDE a soft-RoCE guest (scripts/rxe-vm.sh; the rxe lane's
-# scripts/rxe-guest-tests.sh calls it): BUILD_DIR/tools/fi-oracle/mrcache-fi-oracle once per
+# scripts/rxe/fi-oracle-matrix.sh BUILD_DIR [PLUGIN_DIR]: does a memory monitor let libfabric's own MR cache
+# serve stale registrations? Runs INSIDE a soft-RoCE guest (scripts/rxe/vm.sh; the rxe lane's
+# scripts/rxe/guest-tests.sh calls it): BUILD_DIR/tools/fi-oracle/mrcache-fi-oracle once per
 # monitor, each with a clean environment but for what selects the monitor:
 #   memhooks     FI_MR_CACHE_MONITOR=memhooks      (libc patching: raw syscalls are missed)
 #   userfaultfd  FI_MR_CACHE_MONITOR=userfaultfd   (notifies after reading the event: races)

@@ -11,7 +11,7 @@
 //   2. the same read after the buffer was rewritten returns the new bytes (no stale copy);
 //   3. if DEV1 is given: a QP on DEV1 reads DEV0's buffer (real packets over the veth pair);
 //   4. a read with a corrupted rkey completes with IBV_WC_REM_ACCESS_ERR (nothing copied).
-// Exit status 0 only when every check passed. Built by scripts/ci-rxe.sh with gcc -libverbs.
+// Exit status 0 only when every check passed. Built by scripts/rxe/ci.sh with gcc -libverbs.
 #define _GNU_SOURCE  // strdup
 #include <infiniband/verbs.h>
 #include <stdint.h>

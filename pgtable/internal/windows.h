@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable's windows (see the shape notes in pgtable.h): the level-1 slots below a level-2
 // node laid out as one array, which nodes get one, how each change of the tree is mirrored in
-// them, and their building, replacement and retirement. A private part of pgtable_impl.h: not
-// for other layers. SYNCHRONIZATION: see pgtable.h.
+// them, and their building, replacement and retirement. A private part of pgtable/definitions.h:
+// not for other layers. SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <iterator>
 #include <new>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

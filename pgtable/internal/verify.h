@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable::check_invariants(), for tests: the canonical form, the headers, the counters,
-// the kept nodes and the windows, checked against the tree. A private part of pgtable_impl.h:
-// not for other layers. Writer only.
+// the kept nodes and the windows, checked against the tree. A private part of
+// pgtable/definitions.h: not for other layers. Writer only.
 #pragma once
 
 #include <algorithm>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

@@ -2,13 +2,13 @@
 // RadixPageTable::insert(): the descent to the slot where the region stops fitting in one slot,
 // the usual cases (an empty slot, a slot holding one region) without the general recursion, and
 // the general case, whose new nodes are counted and allocated before the table changes. A private
-// part of pgtable_impl.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
+// part of pgtable/definitions.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <algorithm>
 #include <iterator>
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

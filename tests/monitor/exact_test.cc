@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Exactness of the public monitor under concurrent unmaps: the cache's serial-key oracle
-// (tests/cache/cache_exact_test.cc) against a registration cache that is not mrcache's, built
+// (tests/cache/exact_test.cc) against a registration cache that is not mrcache's, built
 // the way libfabric's MR cache is: a table under one mutex, valid() on every hit, the entries an
 // invalidation overlaps dropped by notify on the delivery thread, registration before the
 // subscription (libfabric's order).

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // RadixPageTable's kept nodes (the hysteresis of the shape notes in pgtable.h): which nodes a
 // removal leaves in place with a single region, the hint to the one used last, their eviction,
-// and settle(). A private part of pgtable_impl.h: not for other layers. SYNCHRONIZATION: see
+// and settle(). A private part of pgtable/definitions.h: not for other layers. SYNCHRONIZATION: see
 // pgtable.h.
 #pragma once
 
-#include "pgtable/nodes_impl.h"
+#include "pgtable/internal/nodes.h"
 
 namespace mrc::detail {
 

@@ -84,7 +84,7 @@ TEST_P(CacheExactChurn, NoGetReturnsARegistrationOlderThanItsMemory) {
   mrc_cache_params_t params = backend.params("exact-churn");
   params.flags &= ~static_cast<unsigned>(MRC_FLAG_ORDERED_UNMAPS);  // whatever the environment
   // Cached churn is the hazard: without the flag the cache learns that these mappings churn and
-  // registers most of them uncached (cache_churn_test.cc).
+  // registers most of them uncached (churn_test.cc).
   params.flags |= MRC_FLAG_CACHE_CHURN;
   ASSERT_EQ(create(params), MRC_OK);
   const unsigned threads = GetParam();

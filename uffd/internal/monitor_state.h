@@ -53,9 +53,9 @@
 
 #include "base/mutex.h"
 #include "mrcache/mrcache.h"
+#include "uffd/internal/watch_table.h"
 #include "uffd/queue.h"
 #include "uffd/subscription.h"
-#include "uffd/watch_table.h"
 
 namespace mrc::uffd::detail {
 

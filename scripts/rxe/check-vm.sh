@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# check-rxe-vm.sh: self-check of scripts/rxe-vm.sh (no ctest: it boots a dozen guests, about 3
-# minutes under TCG). Run as root after `scripts/rxe-vm.sh setup`:
-#   tests/rxe/check-rxe-vm.sh
+# scripts/rxe/check-vm.sh: self-check of scripts/rxe/vm.sh (no ctest: it boots a dozen guests, about 3
+# minutes under TCG). Run as root after `scripts/rxe/vm.sh setup`:
+#   scripts/rxe/check-vm.sh
 # Each case states the contract it pins; the script exits non-zero when any case fails.
 # shellcheck disable=SC2016  # the guest commands are single-quoted on purpose
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-VM=$ROOT/scripts/rxe-vm.sh
+VM=$ROOT/scripts/rxe/vm.sh
 SCRATCH=$(mktemp -d /var/tmp/rxe-vm-check.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
 failures=0

@@ -2,7 +2,7 @@
 // The nodes and slots of RadixPageTable as its writer handles them, what every mechanism uses:
 // construction, node allocation and retirement, the stores every change of a slot or of root_ goes
 // through, and the arithmetic that places a region or a node in a block. A private part of
-// pgtable_impl.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
+// pgtable/definitions.h: not for other layers. SYNCHRONIZATION: see pgtable.h.
 #pragma once
 
 #include <algorithm>
@@ -37,8 +37,8 @@ void for_each_slot_of(uintptr_t base, unsigned shift, unsigned fanout, const Pgt
 
 }  // namespace
 
-// Shorthands for the out-of-class definitions in the *_impl.h parts; pgtable_impl.h undefines them
-// after the last part.
+// Shorthands for the out-of-class definitions in the internal/*.h parts; definitions.h undefines
+// them after the last part.
 #define MRC_TABLE template <unsigned kInnerBits, unsigned kLeafBits>
 #define MRC_SELF RadixPageTable<kInnerBits, kLeafBits>
 
