@@ -7,9 +7,8 @@
 //      subscription.h (a cache's cursor into the queue: subscribe, quiescent, drain,
 //      probe_unmaps), watches.h (the ranges watched, process-wide: watch, unwatch, unwatch_many),
 //      Monitor::info below (the mode, why, and counters: mrc_monitor_info()).
-//   2. SYNCHRONIZATION: subscription.h and watches.h for their calls,
-//      internal/monitor_state.h for the monitor thread and the registry mutex (Monitor::info
-//      takes it).
+//   2. SYNCHRONIZATION: subscription.h and watches.h for their calls, internal/monitor_state.h
+//      for the monitor thread and the registry mutex (Monitor::info takes it).
 //   3. MRC_MONITOR=auto|wp-async|wp|missing|off, read at each monitor start, forces a mode; off
 //      means uncached.
 //   4. Test-only controls are in testing.h, which the library never includes.
