@@ -368,7 +368,7 @@ void Cache::merge_overlapping_locked(Registration &reg, uintptr_t align_mask) no
   }
 }
 
-// Watch before registering: an unmap between the two is then seen (docs/DESIGN.md).
+// Watch before registering: an unmap between the two is then seen (docs/DESIGN.md, "Watching").
 void Cache::watch_locked(Registration &reg, bool cacheable) noexcept {
   reg.watch_began = reg.timed ? os::ticks() : 0;
   reg.watched =

@@ -5,8 +5,8 @@
 //
 // Inline on purpose, like probe_unmaps(): an exact get probes on every hit, and each function
 // level between the get and its ioctl cost about 20 ns here (a return after a system call is
-// mispredicted; docs/DESIGN.md, "Kernel facts"). mrcache-bench's BM_CacheHit/exact against
-// BM_ProbeThenFastHit shows what the remaining levels cost.
+// mispredicted; docs/DESIGN.md, "Kernel facts probed on this machine"). mrcache-bench's
+// BM_CacheHit/exact against BM_ProbeThenFastHit shows what the remaining levels cost.
 #pragma once
 
 #include <linux/userfaultfd.h>
