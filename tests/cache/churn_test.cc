@@ -340,9 +340,14 @@ TEST_P(CacheChurn, ASampleThatPaysTurnsCachingBackOn) {
   messages(10, 1);
   const uint64_t learned = churn_skips();
   ASSERT_GE(learned, 7u) << "the churn was learned";
-  // Registrations now cost milliseconds and the buffer is used twice per message: the first
-  // cached sample (within 16 misses) is hit, and its unmap ends the churn.
-  backend.reg_delay_us = kCostlyRegistrationUs;
+  // Registrations now cost 10 ms and the buffer is used twice per message: the first cached
+  // sample (within 16 misses) is hit, and its unmap ends the churn. The round trip is set to a
+  // tenth of a millisecond rather than measured: on a loaded host the monitor's measurement at
+  // its start can take milliseconds, and the sample would not pay (the model's price only).
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mrc::uffd::testing::set_round_trip_ticks((mrc::os::ticks() - began) / 10);
+  backend.reg_delay_us = 5 * kCostlyRegistrationUs;
   messages(20, 2);
   const uint64_t skips = churn_skips();
   const mrc_stats_t before = stats();
