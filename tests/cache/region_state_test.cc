@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The life of a region (core/cache/region.h, "THE LIFE OF A REGION"): each state of the table
+// The life of a region (docs/DESIGN.md, "The life of a region"): each state of the table
 // reached through the C API and the cache's testing hooks, with Region::state() asserted at each
 // step. In a debug build every move on the way also checks the state it leaves (Region::expect),
 // so these runs fail on a move the table does not have; the death tests show such a check fire.
