@@ -72,7 +72,7 @@ struct MonitorRun {
   std::atomic<uint64_t> *events = nullptr;
   std::atomic<bool> stop{false};
   // The ring was created disabled, single-issuer, with deferred task work: the monitor thread
-  // enables it and so becomes its only issuer (see start_locked()).
+  // enables it and so becomes its only issuer (see set_up_ring_locked() in monitor.cc).
   bool enable_ring = false;
   bool drop_events = false;
   size_t page_size = 4096;
