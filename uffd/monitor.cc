@@ -353,8 +353,8 @@ void stop_locked() noexcept {
 void sync_watches_locked() noexcept {
   if (!g_monitor.running) return;
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
-  // the snapshot that shows it (internal/watch_table.h); the caller publishes the table again when
-  // done.
+  // the snapshot that shows it (docs/DESIGN.md, "The watch table's fast path"); the caller
+  // publishes the table again when done.
   g_monitor.watches.withdraw();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g_monitor.internal.drain([](const Invalidation &record) {
@@ -369,9 +369,9 @@ void sync_watches_locked() noexcept {
 // Why only when nothing is in flight: the kernel removes a VMA first and queues its UNMAP event
 // after dropping the mmap lock; until the monitor has read it, another thread may already have
 // mapped new memory at the same addresses, and a watch entry still stands there. Watches accept
-// that window (internal/watch_table.h); unregistering does not: it would act on someone else's
-// mapping. Once the probe answers Clear, every such change begun before it has been read, hence
-// (pending protocol) is visible to the drain below, which waits for `pending` to fall
+// that window (docs/DESIGN.md, "The watch table"); unregistering does not: it would act on someone
+// else's mapping. Once the probe answers Clear, every such change begun before it has been read,
+// hence (pending protocol) is visible to the drain below, which waits for `pending` to fall
 // (docs/DESIGN.md, "Exact under concurrent unmaps").
 // Why never wait: the caller holds the registry mutex, which every first watch of a get needs,
 // and often its cache's mutex (a purge, the retirement of regions); an unmap stays in flight for
