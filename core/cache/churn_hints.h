@@ -150,10 +150,10 @@ class ChurnHints {
     return static_cast<size_t>(((start >> kPageShift) * 0x9e3779b97f4a7c15ULL) >> (64 - 6));
   }
 
+  bool enabled_ = true;  // first: read by every exact get, beside the cache's own mode fields
   Entry entries_[kEntries];
   std::atomic<uint64_t> tickets_[kEntries] = {};
   uint32_t random_ = 0x9e3779b9;
-  bool enabled_ = true;
 };
 
 }  // namespace mrc

@@ -59,7 +59,7 @@ void Cache::evict_locked() noexcept {
   }
 }
 
-// Evicts every cached region no one holds; returns how many. They go on deferred_ like any
+// Evicts every cached region no one holds; returns how many. They go on the deferred stack like any
 // removal: deregistered after the lock (no dereg runs under mutex_), before the caller retries
 // the registration that needs the resources (get_slow).
 size_t Cache::evict_unused_locked() noexcept {

@@ -22,7 +22,7 @@ void Cache::release_last(Region *region) noexcept {
   region->expect({RegionState::Invalidated, RegionState::Uncached});
   if (inside(this, Inside::Lock)) {
     // A put from inside a reg: the region is finished after the unlock by this thread, which
-    // takes deferred_ before it unlocks (get_slow), never under mutex_.
+    // takes the deferred stack before it unlocks (get_slow), never under mutex_.
     assert_held();
     retirement_.defer(region);
     return;

@@ -32,7 +32,7 @@ struct SlowCounters {
 struct StatsReading {
   SlowCounters slow{};
   uint64_t hot[static_cast<unsigned>(Counter::Count)] = {};  // ShardedCounters::sum of each
-  uint64_t regions = 0;                                       // registered regions in the table
+  uint64_t regions = 0;                                      // registered regions in the table
 
   void read_hot(const ShardedCounters &counters) noexcept;
   uint64_t hot_sum(Counter counter) const noexcept { return hot[static_cast<unsigned>(counter)]; }

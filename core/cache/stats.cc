@@ -36,8 +36,7 @@ int Cache::stats_json(char *buffer, size_t length) noexcept {
   log::DeferScope defer_messages;  // until the call is done with the cache (log.h)
   StatsReading reading;
   if (const mrc_status_t status = read_stats(&reading); status != MRC_OK) return status;
-  return reading.json(name_, backend_.name != nullptr ? backend_.name : "", exact_, buffer,
-                      length);
+  return reading.json(name_, backend_.name != nullptr ? backend_.name : "", exact_, buffer, length);
 }
 
 }  // namespace mrc
