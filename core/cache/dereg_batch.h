@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Deregistrations that wait for a batch (max_unreleased): the last put of a registered region
 // leaves it here instead of deregistering it, until more than the limit's bytes wait; then one
-// thread takes the whole batch and deregisters it (docs/DESIGN.md, "Reclamation").
+// thread takes the whole batch and deregisters it (docs/DESIGN.md, "The end of a region's life").
 //
 // 1. No lock: add() and take_all() from any thread (RegionStack's rules).
 // 2. limit() is set once, before the cache is shared; 0 turns batching off.

@@ -2,7 +2,7 @@
 // The end of a region's life on the cache's side of the lock: the live list (every region not
 // yet retired), the deferred stack (regions whose count ended under the lock, finished after
 // it) and the retiring batch (finished regions on their way to the epoch domain). The states
-// are core/cache/region.h's; why a region is retired in batches: docs/DESIGN.md, "Reclamation".
+// are core/cache/region.h's; why they are kept so: docs/DESIGN.md, "The end of a region's life".
 //
 // 1. Every member function runs under the cache's mutex_: the cache holds this object
 //    MRC_GUARDED_BY(mutex_), so the compiler checks every call.
