@@ -173,70 +173,58 @@ uint64_t measure_round_trip() noexcept MRC_REQUIRES(g_monitor.mutex) {
                                                      : 0;
 }
 
-}  // namespace
+// ---- start_locked's phases, in the order it runs them ----
 
-void start_locked() noexcept {
-  g_monitor.needs_start = false;
-  Negotiated negotiated = negotiate(g_monitor.reason, sizeof(g_monitor.reason));
-  g_monitor.negotiated = true;
-  if (negotiated.fd < 0) {
-    become_uncached_locked(negotiated.unavailable);
-    return;
-  }
-  g_monitor.uffd = negotiated.fd;
-  g_monitor.register_mode = negotiated.register_mode;
-
+// The monitor thread never allocates: all it touches must exist first. nullptr, or why not.
+const char *allocate_run_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
   const size_t capacity = g_monitor.queue_capacity.load(std::memory_order_relaxed);
-  const char *failed = nullptr;
   if (g_monitor.queue.allocate(capacity != 0 ? capacity : kDefaultQueueCapacity) != MRC_OK) {
-    failed = "the monitor could not start: no memory for the invalidation queue";
+    return "the monitor could not start: no memory for the invalidation queue";
   }
-  if (failed == nullptr) {
-    g_monitor.control = eventfd(0, EFD_CLOEXEC);
-    if (g_monitor.control < 0) failed = "the monitor could not start: eventfd failed";
+  g_monitor.control = eventfd(0, EFD_CLOEXEC);
+  if (g_monitor.control < 0) return "the monitor could not start: eventfd failed";
+  const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  g_monitor.stack_bytes = guard + kStackBytes + guard;
+  // Our own, populated stack: in MISSING mode the monitor must never fault on watched memory,
+  // and a recycled thread stack could have been watched by its previous owner.
+  g_monitor.stack = mmap(nullptr, g_monitor.stack_bytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_POPULATE, -1, 0);
+  if (g_monitor.stack == MAP_FAILED) {
+    g_monitor.stack = nullptr;
+    return "the monitor could not start: no memory for its thread's stack";
   }
-  if (failed == nullptr) {
-    const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    g_monitor.stack_bytes = guard + kStackBytes + guard;
-    // Our own, populated stack: in MISSING mode the monitor must never fault on watched memory,
-    // and a recycled thread stack could have been watched by its previous owner.
-    g_monitor.stack = mmap(nullptr, g_monitor.stack_bytes, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_POPULATE, -1, 0);
-    if (g_monitor.stack == MAP_FAILED) {
-      g_monitor.stack = nullptr;
-      failed = "the monitor could not start: no memory for its thread's stack";
-    } else {
-      // Guard pages at both ends, and a VMA flag of its own: the kernel must never merge an
-      // application's adjacent mapping into the stack's VMA (watch() refuses our own memory).
-      // Not MADV_DONTFORK: glibc's thread list, walked in a forked child, lives on this stack.
-      (void)mprotect(g_monitor.stack, guard, PROT_NONE);
-      (void)mprotect(static_cast<char *>(g_monitor.stack) + guard + kStackBytes, guard, PROT_NONE);
-      (void)madvise(static_cast<char *>(g_monitor.stack) + guard, kStackBytes, MADV_NOHUGEPAGE);
-    }
-  }
-  g_monitor.run.enable_ring = false;
-  if (failed == nullptr && !g_monitor.force_poll.load(std::memory_order_relaxed)) {
-    // Room for bursts of readiness completions; a multishot poll that cannot post ends and
-    // is re-armed, so a full queue costs time, never an event.
-    // Deferred task work: the uffd's wakeup queues the poll completion on the ring and wakes the
-    // monitor straight from io_uring's wait, instead of going through the generic task-work
-    // path on its way out of the kernel (measured: ~0.5 us off each round trip here). It
-    // requires a single issuer; that must be the monitor thread, hence disabled until it starts.
-    g_monitor.ring_ready =
-        io_uring_queue_init(
-            64, &g_monitor.ring,
-            IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_R_DISABLED) == 0;
-    g_monitor.run.enable_ring = g_monitor.ring_ready;
-    // Kernels before 6.1 refuse those flags.
-    if (!g_monitor.ring_ready)
-      g_monitor.ring_ready = io_uring_queue_init(64, &g_monitor.ring, 0) == 0;
-    // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
-  }
-  if (failed != nullptr) {
-    fail_start_locked(negotiated.mode, failed);
-    return;
-  }
+  // Guard pages at both ends, and a VMA flag of its own: the kernel must never merge an
+  // application's adjacent mapping into the stack's VMA (watch() refuses our own memory).
+  // Not MADV_DONTFORK: glibc's thread list, walked in a forked child, lives on this stack.
+  (void)mprotect(g_monitor.stack, guard, PROT_NONE);
+  (void)mprotect(static_cast<char *>(g_monitor.stack) + guard + kStackBytes, guard, PROT_NONE);
+  (void)madvise(static_cast<char *>(g_monitor.stack) + guard, kStackBytes, MADV_NOHUGEPAGE);
+  return nullptr;
+}
 
+// Optional: io_uring shortens each round trip, but where it is refused poll(2) does the job.
+void set_up_ring_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
+  g_monitor.run.enable_ring = false;
+  if (g_monitor.force_poll.load(std::memory_order_relaxed)) return;
+  // Room for bursts of readiness completions; a multishot poll that cannot post ends and
+  // is re-armed, so a full queue costs time, never an event.
+  // Deferred task work: the uffd's wakeup queues the poll completion on the ring and wakes the
+  // monitor straight from io_uring's wait, instead of going through the generic task-work
+  // path on its way out of the kernel (measured: ~0.5 us off each round trip here). It
+  // requires a single issuer; that must be the monitor thread, hence disabled until it starts.
+  g_monitor.ring_ready =
+      io_uring_queue_init(
+          64, &g_monitor.ring,
+          IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_R_DISABLED) == 0;
+  g_monitor.run.enable_ring = g_monitor.ring_ready;
+  // Kernels before 6.1 refuse those flags.
+  if (!g_monitor.ring_ready)
+    g_monitor.ring_ready = io_uring_queue_init(64, &g_monitor.ring, 0) == 0;
+  // Without io_uring (disabled by sysctl or seccomp) the poll(2) loop does the same job.
+}
+
+// The thread reads its MonitorRun without the lock: it must be complete before the thread exists.
+void fill_run_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
   g_monitor.events.store(0, std::memory_order_relaxed);  // "events read since start"
   g_monitor.run.uffd = g_monitor.uffd;
   g_monitor.run.control = g_monitor.control;
@@ -255,7 +243,10 @@ void start_locked() noexcept {
   }
   g_monitor.run.page_size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   g_monitor.run.loop.store(static_cast<uint32_t>(LoopKind::NotStarted), std::memory_order_relaxed);
+}
 
+// From its first instruction the thread must run only our code, on our stack. 0, or the error.
+int start_thread_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -271,11 +262,12 @@ void start_locked() noexcept {
       forced != 0 ? forced : pthread_create(&g_monitor.thread, &attr, monitor_main, &g_monitor.run);
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    fail_start_locked(negotiated.mode, "the monitor thread could not start", strerrorname_np(rc));
-    return;
-  }
-  pthread_setname_np(g_monitor.thread, "mrc-monitor");
+  if (rc == 0) pthread_setname_np(g_monitor.thread, "mrc-monitor");
+  return rc;
+}
+
+// The thread's start-up may hold the runtime's locks: neither a fork nor a watch may meet them.
+void wait_until_running_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
   // Wait until the thread runs monitor_main. Before that it is inside the threading runtime's
   // start-up, which may take that runtime's locks (ASan's allocator: pthread_getattr_np frees).
   // A fork meanwhile (g_monitor.mutex no longer held) would hand the child those locks held by no
@@ -286,6 +278,10 @@ void start_locked() noexcept {
   while (g_monitor.run.loop.load(std::memory_order_acquire) == kNotStarted) {
     os::futex_wait(&g_monitor.run.loop, kNotStarted);
   }
+}
+
+// Last, once the thread reads events: no watch may register a range, nor a get probe, before.
+void mark_running_locked(const Negotiated &negotiated) noexcept MRC_REQUIRES(g_monitor.mutex) {
   g_monitor.running = true;
   g_monitor.mode.store(negotiated.mode, std::memory_order_relaxed);
   g_monitor.features = negotiated.features;
@@ -313,6 +309,32 @@ void start_locked() noexcept {
   g_monitor.round_trip_ticks.store(measure_round_trip(), std::memory_order_relaxed);
 }
 
+}  // namespace
+
+void start_locked() noexcept {
+  g_monitor.needs_start = false;
+  Negotiated negotiated = negotiate(g_monitor.reason, sizeof(g_monitor.reason));
+  g_monitor.negotiated = true;
+  if (negotiated.fd < 0) {
+    become_uncached_locked(negotiated.unavailable);
+    return;
+  }
+  g_monitor.uffd = negotiated.fd;
+  g_monitor.register_mode = negotiated.register_mode;
+  if (const char *failed = allocate_run_locked()) {
+    fail_start_locked(negotiated.mode, failed);
+    return;
+  }
+  set_up_ring_locked();
+  fill_run_locked();
+  if (const int rc = start_thread_locked(); rc != 0) {
+    fail_start_locked(negotiated.mode, "the monitor thread could not start", strerrorname_np(rc));
+    return;
+  }
+  wait_until_running_locked();
+  mark_running_locked(negotiated);
+}
+
 void stop_locked() noexcept {
   g_monitor.round_trip_ticks.store(0, std::memory_order_relaxed);
   if (g_monitor.running) {
@@ -331,8 +353,8 @@ void stop_locked() noexcept {
 void sync_watches_locked() noexcept {
   if (!g_monitor.running) return;
   // Before the cursor moves past a record that cuts an entry, the fast path must stop trusting
-  // the snapshot that shows it (internal/watch_table.h); the caller publishes the table again when
-  // done.
+  // the snapshot that shows it (docs/DESIGN.md, "The watch table's fast path"); the caller
+  // publishes the table again when done.
   g_monitor.watches.withdraw();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const DrainResult result = g_monitor.internal.drain([](const Invalidation &record) {
@@ -347,9 +369,9 @@ void sync_watches_locked() noexcept {
 // Why only when nothing is in flight: the kernel removes a VMA first and queues its UNMAP event
 // after dropping the mmap lock; until the monitor has read it, another thread may already have
 // mapped new memory at the same addresses, and a watch entry still stands there. Watches accept
-// that window (internal/watch_table.h); unregistering does not: it would act on someone else's
-// mapping. Once the probe answers Clear, every such change begun before it has been read, hence
-// (pending protocol) is visible to the drain below, which waits for `pending` to fall
+// that window (docs/DESIGN.md, "The watch table"); unregistering does not: it would act on someone
+// else's mapping. Once the probe answers Clear, every such change begun before it has been read,
+// hence (pending protocol) is visible to the drain below, which waits for `pending` to fall
 // (docs/DESIGN.md, "Exact under concurrent unmaps").
 // Why never wait: the caller holds the registry mutex, which every first watch of a get needs,
 // and often its cache's mutex (a purge, the retirement of regions); an unmap stays in flight for

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Watched ranges (see internal/watch_table.h for the model and the synchronization contract).
+// Watched ranges: the rules in internal/watch_table.h, the model in docs/DESIGN.md, "The watch
+// table".
 #include "uffd/internal/watch_table.h"
 
 #include <sys/ioctl.h>
@@ -427,9 +428,9 @@ bool WatchTable::register_from(uintptr_t at, uintptr_t end, uintptr_t *next, cha
       explain_errno(why, why_len, "UFFDIO_REGISTER", error, lo, hi, config_.mode);
       return false;
     }
-    // Only if one VMA still covers [lo, hi) was all of it registered (internal/watch_table.h). A
-    // registration that fails this check stays in the kernel unrecorded: it costs spurious events
-    // only.
+    // Only if one VMA still covers [lo, hi) was all of it registered (docs/DESIGN.md, "The watch
+    // table"). A registration that fails this check stays in the kernel unrecorded: it costs
+    // spurious events only.
     os::Vma after;
     if (os::query_vma(lo, &after) == MRC_OK && after.start <= lo && after.end >= hi) {
       if (!record(lo, hi)) {

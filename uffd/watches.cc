@@ -41,10 +41,10 @@ bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, ch
 }  // namespace
 
 // The fast path: no lock, no syscall, when the range lies in a registered mapping and in a piece
-// that already counts a watch (internal/watch_table.h). The order is the protocol: the internal
-// subscription's records are all applied (quiescent(): three acquire loads), then the snapshot is
-// read. Else the registry mutex; the internal subscription is drained only when records are
-// waiting.
+// that already counts a watch (docs/DESIGN.md, "The watch table's fast path"). The order is the
+// protocol: the internal subscription's records are all applied (quiescent(): three acquire loads),
+// then the snapshot is read. Else the registry mutex; the internal subscription is drained only
+// when records are waiting.
 WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   if (why != nullptr && why_len > 0) why[0] = '\0';
   uintptr_t lo;

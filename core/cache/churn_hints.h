@@ -1,34 +1,25 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Which ranges churn: their cached registrations end by an event (munmap, mremap, madvise) before
-// caching them paid, i.e. before gets used them again often enough that the registrations they
-// saved outweigh the watch and the unmap's round trip to the monitor (Cache::caching_paid; a
-// range never used again never pays). Caching such a range only made the application's munmap
-// wait for the monitor. A miss there registers uncached (no watch, deregistered at the last put)
-// instead, which costs what no cache costs. Every so often a miss of a churning range is cached
-// anyway (a sample): one that pays ends the churn, and caching is back (docs/DESIGN.md, "Churn").
+// The churn policy: which ranges churn (their cached registrations end by an event before
+// caching them paid), so that their misses register uncached, and what each costs
+// (docs/DESIGN.md, "Churn").
 //
-// A gap is bounded by cost too: a range whose buffer stopped churning pays uncached
-// registrations until the next sample, so the gap never holds more registrations than
-// kSamplesPerGap samples cost (a watch and an unmap's round trip each, when they churn). A range
-// whose registration costs more than half a sample is sampled within a few gets, whatever its
-// history; one whose registration is cheap may wait longer, and loses as little.
-//
-// A churning range's skips are tickets, counted down without the lock: a get takes one before
-// anything else (Cache::get), and then needs neither the exact mode's probe nor a lookup, since an
-// uncached registration is in no table. When they run out, the next miss is the sample, and the
-// range has no tickets while that sample is cached, so that gets of it look up and hit it (a
-// sample never hit could never pay).
-//
-// SYNCHRONIZATION: the cache's mutex_ guards the entries (slow path only; the hit path never
-// reads them). tickets_ is written under mutex_ (publish) and taken by any thread (take_skip,
-// one CAS). Keyed by the registration's first page, in a small direct-mapped table: a range
-// that loses its entry to another starts learning again (it is cached meanwhile).
+// 1. The entries (what each range cost and how often it churned) change only under the cache's
+//    mutex_, on the slow path: on_event_removed(), from the drain.
+// 2. take_skip() from any thread, one CAS on the range's tickets word; tickets are published
+//    under mutex_ (relaxed: they publish nothing but themselves).
+// 3. Keyed by a registration's first page, direct-mapped: a range that loses its entry to
+//    another starts learning again, and is cached meanwhile.
+// 4. Off (MRC_FLAG_CACHE_CHURN): take_skip() is always false and nothing is learnt. Exactness
+//    never depends on it: an uncached registration is in no table.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/cache/region.h"
+#include "uffd/uffd.h"
 
 namespace mrc {
 
@@ -40,8 +31,33 @@ class ChurnHints {
     uint64_t sample;        // a sample that churns: its watch and its unmap's round trip
   };
 
+  // Set once, before the cache is shared.
+  void set_enabled(bool enabled) noexcept { enabled_ = enabled; }
+  bool enabled() const noexcept { return enabled_; }
+
+  // A region left the table by an event (an unmap, a remap, a madvise): only a cached
+  // registration teaches, not a remembered failure.
+  void on_event_removed(const Region &region) noexcept {
+    if (!enabled_ || !region.has(Region::kRegistered)) return;
+    on_event_removed(region.start, caching_paid(region),
+                     {.registration = region.register_ticks,
+                      .sample = region.watch_ticks + uffd::Monitor::round_trip_ticks()});
+  }
+
+  // Each get a region served after the one that registered it saved a registration and a
+  // deregistration (weighed as twice the registration); the watches its misses made and a round
+  // trip to the monitor per registration merged into it (each may have been a mapping of its
+  // own, whose unmap waits) were the price.
+  static bool caching_paid(const Region &region) noexcept {
+    const uint64_t saved =
+        uint64_t{region.uses.load(std::memory_order_relaxed)} * 2 * region.register_ticks;
+    const uint64_t cost =
+        region.watch_ticks + uint64_t{region.registrations} * uffd::Monitor::round_trip_ticks();
+    return saved != 0 && saved >= cost;
+  }
+
   // A cached region starting at `start` left the table by an event; `paid`: caching it saved
-  // more than it cost (Cache::caching_paid); `costs`: its own.
+  // more than it cost (caching_paid); `costs`: its own.
   void on_event_removed(uintptr_t start, bool paid, Costs costs) noexcept {
     const size_t at = slot(start);
     Entry &entry = entries_[at];
@@ -67,9 +83,11 @@ class ChurnHints {
   }
 
   // Any thread: whether a get at `start` registers uncached, taking one of its range's tickets
-  // (none: not churning, or its sample is due or cached). Cache::get asks first; a miss that did
-  // not take one asks again under mutex_ (tickets may have been published meanwhile).
+  // (none: not churning, its sample is due or cached, or the policy is off). Cache::get asks first;
+  // a miss that did not take one asks again under mutex_ (tickets may have been published
+  // meanwhile).
   bool take_skip(uintptr_t start) noexcept {
+    if (!enabled_) return false;
     std::atomic<uint64_t> &tickets = tickets_[slot(start)];
     uint64_t word = tickets.load(std::memory_order_relaxed);
     do {
@@ -132,6 +150,7 @@ class ChurnHints {
     return static_cast<size_t>(((start >> kPageShift) * 0x9e3779b97f4a7c15ULL) >> (64 - 6));
   }
 
+  bool enabled_ = true;  // first: read by every exact get, beside the cache's own mode fields
   Entry entries_[kEntries];
   std::atomic<uint64_t> tickets_[kEntries] = {};
   uint32_t random_ = 0x9e3779b9;

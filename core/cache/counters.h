@@ -26,6 +26,7 @@ enum class Counter : unsigned {
   ReleasedBytes,        // unreleased bytes whose registration ended
   UnmapWaits,           // exact gets that found an unmap in flight and waited for the monitor
   UnmapWaitsOutlasted,  // of those, the ones that gave up waiting and registered uncached
+  PfnMismatches,        // hits whose page frames changed (MRC_FLAG_VERIFY_PFN)
   Count
 };
 

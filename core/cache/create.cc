@@ -57,10 +57,10 @@ mrc_status_t Cache::create(const mrc_cache_params_t &params, Cache **out) noexce
   cache->backend_ctx_ = params.backend_ctx;
   cache->max_regions_ = params.max_regions;
   cache->max_bytes_ = params.max_bytes;
-  cache->max_unreleased_ = params.max_unreleased;
+  cache->dereg_batch_.set_limit(params.max_unreleased);
   cache->flags_ = params.flags;
   cache->exact_ = (params.flags & MRC_FLAG_ORDERED_UNMAPS) == 0;
-  cache->learn_churn_ = (params.flags & MRC_FLAG_CACHE_CHURN) == 0;
+  cache->churn_.set_enabled((params.flags & MRC_FLAG_CACHE_CHURN) == 0);
   cache->alignment_ = params.alignment != 0 ? params.alignment : kPageSize;
   cache->print_stats_ = config::stats_at_destroy();
   if ((params.flags & MRC_FLAG_VERIFY_PFN) != 0) {
@@ -91,7 +91,7 @@ Cache::~Cache() {
 
 bool Cache::held_locked() noexcept {
   unpark_all_locked();  // parked references are the cache's own, not the application's
-  for (Region *region = live_head_; region != nullptr; region = region->live_next) {
+  for (Region *region = retirement_.live_head(); region != nullptr; region = region->live_next) {
     const uint64_t count = region->refcount.load(std::memory_order_acquire);
     if ((count & Region::kDead) != 0) continue;  // deferred, batched or finished: no holder
     if (count > (region->has(Region::kInTable) ? 1U : 0U)) return true;
@@ -137,11 +137,7 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
   // Reclaims every parked reference too: only cached regions are parked. Never refused here
   // (inside Destroy it waits for mutex_).
   MRC_CHECK(cache->purge(true) == MRC_OK);
-  for (const ParkingLine &line : cache->parking_) {
-    for (const std::atomic<Region *> &slot : line.parked) {
-      MRC_DASSERT(slot.load(std::memory_order_relaxed) == nullptr);
-    }
-  }
+  MRC_DASSERT(cache->parking_.all_empty());
   cache->finish_dereg_batch();
   // Whatever is left is still referenced by the application: deregister it anyway.
   size_t in_use = 0;
@@ -150,7 +146,7 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
     Lock lock(*cache);
     MRC_CHECK(lock.acquire(/*wait=*/true));
     cache->reap_finished_locked();
-    leftover = cache->live_head_;
+    leftover = cache->retirement_.live_head();
   }
   for (Region *region = leftover; region != nullptr; region = region->live_next) {
     ++in_use;
@@ -162,8 +158,8 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
     Lock lock(*cache);
     MRC_CHECK(lock.acquire(/*wait=*/true));
     cache->reap_finished_locked();
-    cache->retire_batch_locked();
-    free_regions = cache->free_regions_;  // only a mutex_ holder changes it, and none is left
+    cache->retirement_.retire_batch(&Cache::recycle_regions);
+    free_regions = cache->pool_.take_all();
   }
   if (in_use != 0) {
     MRC_LOG_WARN("cache {} destroyed with {} region(s) still in use; they were deregistered",
@@ -174,12 +170,8 @@ mrc_status_t Cache::destroy(Cache *cache, bool refuse_held) noexcept {
     if (cache->stats_json(buffer, sizeof buffer) > 0) std::fprintf(stderr, "%s\n", buffer);
   }
   epoch_domain().synchronize();  // every retired region is back in the pool
-  for (Region *list : {free_regions, cache->recycled_.exchange(nullptr)}) {
-    while (list != nullptr) {
-      Region *next = list->gc_next;
-      delete list;
-      list = next;
-    }
+  for (Region *list : {free_regions, cache->recycled_.take_all()}) {
+    for_each_in_chain(list, [](Region *region) { delete region; });
   }
   delete cache;
   return MRC_OK;

@@ -3,7 +3,7 @@
 // regions, the trim a put runs when the cache is over its bound, and evicting every unused
 // region when the backend runs out of registration resources.
 //
-// SYNCHRONIZATION: see cache.h ("Over the bound")
+// SYNCHRONIZATION: see cache.h; docs/DESIGN.md, "Over the bound"
 #include "core/cache/cache.h"
 
 #include <atomic>
@@ -13,7 +13,7 @@
 namespace mrc {
 
 // Skipped when mutex_ cannot be taken here (a put from inside a reg): the next miss or trim
-// evicts instead (SYNCHRONIZATION, "Over the bound").
+// evicts instead (docs/DESIGN.md, "Over the bound").
 void Cache::trim() noexcept {
   log::DeferScope defer_messages;  // until the put is done with the cache (log.h)
   Region *deferred = nullptr;
@@ -39,9 +39,8 @@ void Cache::evict_locked() noexcept {
   for (int round = 0; round < 2 && over_bound_locked(); ++round) {
     if (round == 1 && !(skipped_parkable && unpark_all_locked())) break;
     size_t budget = 3 * table_entries_;
-    while (over_bound_locked() && lru_hand_ != nullptr && budget-- != 0) {
-      Region *region = lru_hand_;
-      lru_hand_ = region->lru_next;
+    while (over_bound_locked() && ring_.hand() != nullptr && budget-- != 0) {
+      Region *region = ring_.advance();
       if (region->refcount.load(std::memory_order_acquire) != 1) {  // in use: never
         skipped_parkable = skipped_parkable || region->has(Region::kParkable);
         continue;
@@ -60,13 +59,13 @@ void Cache::evict_locked() noexcept {
   }
 }
 
-// Evicts every cached region no one holds; returns how many. They go on deferred_ like any
+// Evicts every cached region no one holds; returns how many. They go on the deferred stack like any
 // removal: deregistered after the lock (no dereg runs under mutex_), before the caller retries
 // the registration that needs the resources (get_slow).
 size_t Cache::evict_unused_locked() noexcept {
   unpark_all_locked();  // out of resources: what is only parked is not in use
   size_t evicted = 0;
-  Region *region = lru_hand_;
+  Region *region = ring_.hand();
   // Each step visits a different entry of the ring as it was: removals keep the others' order.
   for (size_t budget = table_entries_; region != nullptr && budget-- != 0;) {
     Region *next = region->lru_next;
@@ -75,32 +74,9 @@ size_t Cache::evict_unused_locked() noexcept {
       remove_locked(region);
       ++evicted;
     }
-    region = lru_hand_ != nullptr ? next : nullptr;
+    region = ring_.hand() != nullptr ? next : nullptr;
   }
   return evicted;
-}
-
-void Cache::ring_insert_locked(Region *&head, Region *region) noexcept {
-  if (head == nullptr) {
-    region->lru_prev = region->lru_next = region;
-    head = region;
-    return;
-  }
-  region->lru_next = head;
-  region->lru_prev = head->lru_prev;
-  head->lru_prev->lru_next = region;
-  head->lru_prev = region;
-}
-
-void Cache::ring_remove_locked(Region *&head, Region *region) noexcept {
-  if (region->lru_next == region) {
-    head = nullptr;
-  } else {
-    region->lru_prev->lru_next = region->lru_next;
-    region->lru_next->lru_prev = region->lru_prev;
-    if (head == region) head = region->lru_next;
-  }
-  region->lru_prev = region->lru_next = nullptr;
 }
 
 }  // namespace mrc

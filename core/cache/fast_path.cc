@@ -73,7 +73,7 @@ mrc_status_t Cache::get_range(uintptr_t address, uintptr_t request_end, uintptr_
                               Region **out) noexcept {
   // A range that churns registers uncached, and an uncached registration is in no table: no
   // lookup, so no probe either (docs/DESIGN.md, "Churn"). Fast mode asks only after a miss.
-  const auto takes_churn_ticket = [&] { return learn_churn_ && churn_.take_skip(start); };
+  const auto takes_churn_ticket = [&] { return churn_.take_skip(start); };
   const auto register_uncached = [&] {
     return get_slow(start, end, align_mask, prot, uffd::Subscription::Unmaps::Read,
                     /*churning=*/true, out);
@@ -100,7 +100,7 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_m
                      Region **out) noexcept {
   if (!subscription_->quiescent()) return false;
   const ThreadSlot &thread = this_thread_slot();
-  ParkingLine *line = thread.exclusive ? &parking_[thread.index] : nullptr;
+  ParkingLine *line = parking_.line_of(thread);
   Region *region = nullptr;
   bool taken_back = false;
   {
@@ -118,14 +118,7 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_m
     }
     if (line != nullptr &&
         Region::parks_for(region->flags.load(std::memory_order_relaxed), thread.index)) {
-      for (size_t i = 0; i < ParkingLine::kSlots; ++i) {
-        if (line->parked[i].load(std::memory_order_relaxed) == region) {
-          line->parked[i].store(nullptr, std::memory_order_relaxed);
-          line->reused[i] = 1;
-          taken_back = true;
-          break;
-        }
-      }
+      taken_back = line->take_back(region);
     }
     if (!taken_back && !region->try_acquire()) return false;
   }
@@ -139,22 +132,13 @@ bool Cache::get_fast(uintptr_t address, uintptr_t request_end, uintptr_t align_m
     release(region);
     return false;
   }
-  if (!taken_back && line != nullptr && !Region::parks_for(flags, thread.index)) {
-    count_streak(*line, region);
+  if (!taken_back && line != nullptr && !Region::parks_for(flags, thread.index) &&
+      line->streak_reached(region, kPromoteAfter)) {
+    promote(region);
   }
   hot_.add(thread, Counter::HitsFast);
   *out = region;
   return true;
-}
-
-void Cache::count_streak(ParkingLine &line, Region *region) noexcept {
-  if (line.streak_region != region) {
-    line.streak_region = region;
-    line.streak = 1;
-  } else if (++line.streak >= kPromoteAfter) {
-    line.streak = 0;  // tried again after as many hits if the promotion does not take
-    promote(region);
-  }
 }
 
 void Cache::put(Region *region) noexcept {
@@ -215,7 +199,7 @@ Cache::Parked Cache::park(unsigned owner, Region *region) noexcept {
   auto mine = [owner](uint32_t flags) { return Region::parks_for(flags, owner); };
   // A hint outside the guard (most puts are of regions never promoted); decided inside it.
   if (!mine(region->flags.load(std::memory_order_relaxed))) return Parked::No;
-  ParkingLine &line = parking_[owner];
+  ParkingLine &line = parking_.line(owner);
   Region *replaced = nullptr;
   {
     EpochGuard guard;
@@ -236,10 +220,7 @@ Cache::Parked Cache::park(unsigned owner, Region *region) noexcept {
       line.parked[empty].store(region, std::memory_order_release);
       return Parked::Yes;
     }
-    if (const uint32_t spins = cache::testing::g_park_window_spins.load(std::memory_order_relaxed);
-        __builtin_expect(spins != 0, 0)) {
-      for (uint32_t i = 0; i < spins; ++i) asm volatile("" ::: "memory");
-    }
+    cache::testing::spin_in_park_window();
     // Full: the CLOCK hand picks a region not taken back since the hand last passed it.
     uint32_t victim = line.hand;
     while (line.reused[victim] != 0) {
@@ -274,7 +255,7 @@ bool Cache::holds_reference_to_park(const Region *region, uint64_t parked_here) 
 
 bool Cache::verify_pfns(Region *region) noexcept {
   if (os::pagemap::matches(region->start, region->pfns, region->pfn_count)) return true;
-  pfn_mismatches_.fetch_add(1, std::memory_order_relaxed);  // rare: a locked add is fine
+  hot_.add(Counter::PfnMismatches);
   MRC_LOG_DEBUG("cache {}: page frames of [{:#x}, {:#x}) changed; registering again", name_,
                 region->start, region->end);
   Region *deferred = nullptr;

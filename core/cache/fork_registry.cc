@@ -90,12 +90,13 @@ void CacheRegistry::after() MRC_NO_THREAD_SAFETY_ANALYSIS {
 // Exempt, as after(): it also reads each cache under the mutex_ prepare() took.
 void CacheRegistry::after_in_child() MRC_NO_THREAD_SAFETY_ANALYSIS {
   for (Cache *cache = head(); cache != nullptr; cache = cache->fork_next_) {
-    for (Region *region = cache->live_head_; region != nullptr; region = region->live_next) {
+    for (Region *region = cache->retirement_.live_head(); region != nullptr;
+         region = region->live_next) {
       region->change_flags(Region::kForgotten);
     }
-    for (size_t i = 0; i < cache->retiring_count_; ++i) {
-      cache->retiring_[i]->change_flags(Region::kForgotten);  // their watches were the parent's
-    }
+    // Their watches were the parent's.
+    cache->retirement_.for_each_retiring(
+        [](Region *region) { region->change_flags(Region::kForgotten); });
     if (cache->fork_skipped_) {
       new (&cache->mutex_) Mutex();
       cache->reg_state_.store(Cache::kRegIdle, std::memory_order_relaxed);

@@ -3,16 +3,13 @@
 // taking parked references back when kParkable is cleared (unpark, reclaim). Parking and
 // taking back on the hit path are in fast_path.cc.
 //
-// SYNCHRONIZATION: see cache.h ("Parked references")
+// SYNCHRONIZATION: see cache.h and parking_lines.h
 #include "core/cache/cache.h"
 
 #include <atomic>
-#include <bit>
 #include <cstdint>
-#include <utility>
 
 #include "base/check.h"
-#include "base/epoch.h"
 #include "base/thread_slot.h"
 
 namespace mrc {
@@ -43,52 +40,29 @@ void Cache::unpark_locked(Region *region) noexcept {
   region->expect({RegionState::Cached});
   const ThreadSlot &thread = this_thread_slot();
   if (owner == Region::kAnyOwner) {
-    for (uint64_t &word : lines_to_reclaim_) word = ~uint64_t{0};
-    return;
-  }
-  if (!thread.exclusive || thread.index != owner) {
-    lines_to_reclaim_[owner / 64] |= uint64_t{1} << (owner % 64);
-    return;
-  }
-  // Our own line: only this thread stores to it, and no other thread takes from it without
-  // mutex_, which we hold.
-  for (std::atomic<Region *> &slot : parking_[owner].parked) {
-    if (slot.load(std::memory_order_relaxed) != region) continue;
-    slot.store(nullptr, std::memory_order_relaxed);
-    if (region->drop_reference()) defer_locked(region);
+    reclaim_marks_.mark_all();
+  } else if (!thread.exclusive || thread.index != owner) {
+    reclaim_marks_.mark(owner);
+  } else {
+    // Our own line: only this thread stores to it, and no other thread takes from it without
+    // mutex_, which we hold.
+    parking_.drop_own(owner, region, [this](Region *last) {
+      assert_held();  // called back on this thread, under mutex_
+      retirement_.defer(last);
+    });
   }
 }
 
 void Cache::reclaim_parked_locked() noexcept {
-  bool marked = false;
-  for (uint64_t word : lines_to_reclaim_) marked = marked || word != 0;
-  if (!marked) return;
-  epoch_domain().wait_for_readers();
-  if (const uint32_t spins = cache::testing::g_park_window_spins.load(std::memory_order_relaxed);
-      __builtin_expect(spins != 0, 0)) {
-    for (uint32_t i = 0; i < spins; ++i) asm volatile("" ::: "memory");
-  }
-  for (size_t word = 0; word < kLines / 64; ++word) {
-    for (uint64_t bits = std::exchange(lines_to_reclaim_[word], 0); bits != 0; bits &= bits - 1) {
-      for (std::atomic<Region *> &slot :
-           parking_[word * 64 + static_cast<size_t>(std::countr_zero(bits))].parked) {
-        // A parked region is this cache's and referenced: alive. One whose flag is clear can no
-        // longer be taken back or parked by its owner (the wait above), only by this CAS.
-        Region *region = slot.load(std::memory_order_acquire);
-        if (region == nullptr || region->has(Region::kParkable)) continue;
-        if (slot.compare_exchange_strong(region, nullptr, std::memory_order_acq_rel,
-                                         std::memory_order_relaxed) &&
-            region->drop_reference()) {
-          defer_locked(region);
-        }
-      }
-    }
-  }
+  parking_.reclaim(reclaim_marks_, [this](Region *last) {
+    assert_held();  // called back on this thread, under mutex_
+    retirement_.defer(last);
+  });
 }
 
 bool Cache::unpark_all_locked() noexcept {
   bool any = false;
-  Region *region = lru_hand_;
+  Region *region = ring_.hand();
   for (size_t budget = table_entries_; region != nullptr && budget-- != 0;
        region = region->lru_next) {
     if (region->has(Region::kParkable)) {

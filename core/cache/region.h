@@ -1,136 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // A region: one registration of [start, end) in a cache, its flags and its reference count, and
-// its life from allocation to recycling (the table below).
+// its life from allocation to recycling: RegionState, one state per row of the table in
+// docs/DESIGN.md, "The life of a region" (where it sits, what marks it, which call moves it on).
 //
-// SYNCHRONIZATION: see cache.h (who writes flags, the count and the lists named here)
-//
-// THE LIFE OF A REGION. Each state, where the region sits, what marks it, and the call that
-// moves it on ("mutex_" is Cache::mutex_, "count" is refcount, "live list" is live_head_).
-// Every move runs on an application thread inside a cache call, except recycle_regions (any
-// thread that runs the epoch domain's reclamation) and CacheRegistry::after_in_child (a fork
-// child's only thread). The monitor thread never touches a region.
-//
-// One RegionState per row. Region::state() reads it from what marks it; the moves into the rows
-// the flags cannot show (Deferred to Retired, and storage back in the pool) are recorded in debug
-// builds only (Region::enter). Each call named below as a move checks, in debug builds, that the
-// region is in a row the move leaves (Region::expect); release builds compile neither.
-//
-//  state          sits on                            marked by
-//  -------------  ---------------------------------  ------------------------------------------
-//  Free           free_regions_ (mutex_, at most     nothing: fields are stale until reset()
-//                 kFreeRegionsMax, beyond it freed),
-//                 recycled_ (lock-free stack), or
-//                 not allocated yet
-//    -> Failed, Cached or Uncached: register_locked (slow path, mutex_) takes storage from
-//       allocate_region_locked (which refills free_regions_ from recycled_ in one exchange). A
-//       failure it does not remember, or one the table has no memory for, goes straight back
-//       (free_region_locked), seen by no one.
-//
-//  Failed         page table, LRU ring, live list    kFailed | kInTable | kWatched; count 1 (the
-//  (a remembered                                     table's), 2 for a moment while a fast-path
-//  failure)                                          get that found it puts it back (get_fast)
-//    -> Invalidated (then Deferred, as the table's was the only reference): remove_locked
-//       (mutex_), called by drain_locked (an unmap event, invalidate_range_locked),
-//       evict_locked (its CLOCK bit is ignored; evict_unused_locked skips it), register_locked
-//       (a get overlapping it registers again) or purge_locked. mrc_invalidate refuses it.
-//
-//  Cached         page table, LRU ring (CLOCK hand   kRegistered | kInTable | kWatched;
-//                 lru_hand_), live list              `referenced` is the CLOCK bit; count = 1
-//                                                    (the table's) + one per get not yet put +
-//                                                    one per parked reference: 1 is unused (the
-//                                                    only count eviction takes), more is in use
-//    get_fast (no lock) and get_slow (mutex_) add references; put drops them (release), or
-//    parks them once the region is Parkable. A drop that would take the table's own reference
-//    (a count of 1 while kInTable: a second put of one reference) is refused, nothing changed
-//    (Region::drop; put logs it), and so is a park that would leave fewer references than the
-//    table's, the parked ones and the caller's (Cache::holds_reference_to_park).
-//    -> Parkable: promote (mutex_), after kPromoteAfter consecutive fast-path hits of one
-//       thread (count_streak).
-//    -> Invalidated: remove_locked (mutex_), called by drain_locked (an unmap event),
-//       evict_locked and evict_unused_locked (unused regions only), register_locked (merged
-//       into a new region, or overlapping one it cannot merge with), verify_pfns (its page
-//       frames changed), invalidate (mrc_invalidate) or purge_locked (a queue overflow, a fork
-//       child's first drain, mrc_cache_purge, MRC_FLAG_PURGE_ON_FORK, destroy).
-//
-//  Parkable       as Cached; its parked references   Cached's flags + kParkable + the owner
-//                 in ParkingLine::parked of the      (kOwnerMask: a thread slot, or kAnyOwner
-//                 owner's line (of any line for      once a second thread earned it); a parked
-//                 kAnyOwner)                         reference counts in the count
-//    The owner's put parks its reference (park: a plain store to its own line) and its next
-//    get takes it back (get_fast); a full line's CLOCK pushes another region out (release).
-//    -> Cached: unpark_all_locked (mutex_: eviction wants the regions no one really uses;
-//       evict_locked, evict_unused_locked) clears kParkable and the owner and takes the parked
-//       references back: at once from the caller's own line (unpark_locked), else from the
-//       marked lines by reclaim_parked_locked after EpochDomain::wait_for_readers(), before
-//       mutex_ is released (take_deferred_locked).
-//    -> Invalidated: remove_locked, which unparks the same way.
-//
-//  Uncached       live list only                     kRegistered | kUncached | kInvalid (never
-//  (exactly one                                      kWatched); count 1 (its one user's)
-//  get's request)
-//    Made by register_locked when the get cannot trust the table (an unmap in flight outlasted
-//    the wait, or the probe was refused: get_slow), when the range is not watched (an uncached
-//    monitor, the VMA budget), or when the table had no memory for the insert.
-//    -> Batched or Finished: its put (release, release_last); Deferred when that put runs inside
-//       the backend's reg (release_last).
-//
-//  Invalidated    live list only (off the table and  kInvalid; kInTable, kParkable and the
-//  (waiting for   the ring); parked references stay  owner cleared; kUnreleased when
-//  its last       in lines only until the same       kRegistered (counted in unreleased bytes
-//  reference)     mutex_ holder reclaims them        by remove_locked); count >= 1
-//    -> The count reaches zero: drop_reference sets kDead, for the one thread that dropped the
-//       last reference. Under mutex_ (remove_locked dropping the table's, unpark_locked or
-//       reclaim_parked_locked a parked one): -> Deferred. Outside it (put through release or
-//       put_over_bound, park's CLOCK pushing a parked one out, get_fast putting back a region it
-//       found invalid): release_last -> Batched, or Finished (finish).
-//
-//  Deferred       live list, and deferred_ (mutex_,  count kDead (no flag tells Deferred,
-//                 through gc_next)                   Batched and Finished apart: the stack does)
-//    -> Finished: the mutex_ holder takes the stack (take_deferred_locked) and finishes each
-//       region after unlocking (finish_all). A put from inside the backend's reg (which runs
-//       under mutex_) that drops a last reference defers the region too (release_last).
-//
-//  Batched        live list, and dereg_batch_ (lock- count kDead; kRegistered, not kForgotten;
-//                 free stack through gc_next; its    kUnreleased (set by release_last for an
-//                 bytes in dereg_batch_bytes_):      Uncached region). Only when
-//                 deregistration waits for a batch   max_unreleased != 0
-//                 (max_unreleased)
-//    -> Finished: finish_dereg_batch takes the whole stack; run by the put whose push takes
-//       the bytes past max_unreleased, after a slow-path get that drained (get_slow), by
-//       destroy.
-//    -> Deferred: in a fork child, the first drain (DrainResult::Forked) moves the stack.
-//
-//  Finished       live list, and finished_ (lock-    count kDead; kRegistered cleared
-//  (deregistered, free stack; finish's push, a       (end_registration; no deregistration when
-//  callbacks run) release CAS, is its last write)    kForgotten); callbacks and pfns freed
-//    -> Retiring: reap_finished_locked (mutex_: every kReapEvery-th slow-path get, purge,
-//       destroy) takes the stack (acquire exchange) and unlinks each region from the live list.
-//
-//  Retiring       retiring_ (mutex_, up to           count kDead
-//                 kRetireBatch); on no list
-//    -> Retired: retire_batch_locked (mutex_: when the batch is full, purge, destroy) unwatches
-//       the ranges of the kWatched regions that are not kForgotten in one call and hands the
-//       batch, chained through gc_next, to the epoch domain.
-//
-//  Retired        the epoch domain                   count kDead
-//    -> Free: recycle_regions, the domain's reclaim callback (once no fast-path reader can hold
-//       the region), pushes the chain on recycled_.
-//
-// Across states:
-// - kForgotten (fork). In a fork child, CacheRegistry::after_in_child marks every region on the
-//   live list and in retiring_; the child's first drain (DrainResult::Forked) removes every
-//   table entry (purge_locked(false), which marks them too) and moves Batched to Deferred. A
-//   kForgotten region is never deregistered (finish), batched (release_last) or unwatched
-//   (retire_batch_locked): its registration and its watch were the parent's.
-// - Invalidate callbacks (mrc_invalidate). invalidate (mutex_) chains one on `callbacks` of a
-//   Cached, Parkable, Invalidated or Uncached region (a Failed one is refused) and removes the
-//   region from the table; finish runs them after the deregistration.
-// - destroy. The 0.2 call first refuses (nothing changed) while the application holds a region
-//   (held_locked, after taking parked references back). purge(true), finish_dereg_batch and a
-//   reap leave on the live list only the regions the application still holds (Invalidated,
-//   Uncached; only for the 0.1 call); each is forced to kDead and finished (deregistered
-//   anyway), then reaped and retired; after the epoch domain's synchronize, Free storage is
-//   deleted.
+// 1. Region::state() reads the state from the flags and the count; the states they cannot show
+//    (Deferred to Retired, and Free) are recorded by enter(), in debug builds only.
+// 2. Every call that moves a region checks, in debug builds, that it is in a state the move
+//    leaves (expect()); a move the table lacks aborts. Release builds compile neither.
+// 3. Fields marked "mutex_" are the cache's mutex_ holder's; flags are written under mutex_ or by
+//    the one thread that finishes the region (cache.h, rule 3); the count is atomic.
+// 4. A count marked kDead is never acquired again: the thread that set it ends the region.
+// 5. Every move runs on an application thread inside a cache call, except
+//    Cache::recycle_regions (a thread running the epoch domain's reclamation) and
+//    CacheRegistry::after_in_child (a fork child's only thread); the monitor never touches one.
 #pragma once
 
 #include <atomic>
@@ -155,7 +37,7 @@ struct InvalidateCallback {
   InvalidateCallback *next;
 };
 
-// The states of the table above, one per row, in its order (Region::state()).
+// The states of the table in docs/DESIGN.md, "The life of a region", in its order.
 enum class RegionState : uint8_t {
   Free,
   Failed,
@@ -181,7 +63,7 @@ struct Region : PgtRegion, mrc_region {
     kWatched = 1U << 6,     // the range is watched by the monitor (unwatch at the end)
     kUnreleased = 1U << 7,  // counted in unreleased bytes (left the table referenced, or
                             // an uncached region waiting on dereg_batch_)
-    kParkable = 1U << 8,    // in the table, and its owner's puts may park (SYNCHRONIZATION)
+    kParkable = 1U << 8,    // in the table, and its owner's puts may park (parking_lines.h)
   };
   // The owner of a kParkable region: a thread slot index, or kAnyOwner once a second thread
   // earned it too; in the flags word above its bits.
@@ -330,7 +212,7 @@ struct Region : PgtRegion, mrc_region {
   bool has(uint32_t flag) const noexcept {
     return (flags.load(std::memory_order_acquire) & flag) != 0;
   }
-  // Under mutex_, or by the thread finishing the region: the only writers (see SYNCHRONIZATION).
+  // Under mutex_, or by the thread finishing the region: the only writers (rule 3).
   void change_flags(uint32_t set, uint32_t clear = 0) noexcept {
     flags.store((flags.load(std::memory_order_relaxed) | set) & ~clear, std::memory_order_release);
   }

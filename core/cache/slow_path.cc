@@ -67,7 +67,7 @@ struct Cache::Registration {
   unsigned prot;
   // Weighed by the churn learner (a cached registration, learning on): then the os::ticks() at
   // the start and around the watch, and what the absorbed regions had cost and earned, which
-  // the new region carries on (caching_paid).
+  // the new region carries on (ChurnHints::caching_paid).
   bool timed;
   uint64_t began;
   uint64_t watch_began = 0;
@@ -150,7 +150,7 @@ mrc_status_t Cache::get_slow(uintptr_t start, uintptr_t end, uintptr_t align_mas
           // (docs/DESIGN.md, "Churn").
           if (first) {
             ++slow_.misses;
-            if (!skip) skip = learn_churn_ && churn_.take_skip(start);
+            if (!skip) skip = churn_.take_skip(start);
             if (skip) ++slow_.churn_skips;
             if (churning) ++slow_.churn_unprobed;
           }
@@ -186,13 +186,10 @@ void Cache::drain_locked() noexcept {
     case uffd::DrainResult::Forked: {
       // In a forked child: every inherited region is already marked kForgotten (CacheRegistry).
       purge_locked(false);
-      Region *batched = dereg_batch_.exchange(nullptr, std::memory_order_acquire);
-      while (batched != nullptr) {
-        Region *next = batched->gc_next;
-        defer_locked(batched);
-        batched = next;
-      }
-      dereg_batch_bytes_.store(0, std::memory_order_relaxed);
+      for_each_in_chain(dereg_batch_.take_all(), [this](Region *batched) {
+        assert_held();  // called back on this thread, under mutex_
+        retirement_.defer(batched);
+      });
       break;
     }
   }
@@ -205,28 +202,10 @@ void Cache::invalidate_range_locked(uintptr_t start, uintptr_t end) noexcept {
   for (size_t count; (count = collect_overlapping(table_, start, end, batch)) != 0;) {
     for (size_t i = 0; i < count; ++i) {
       ++slow_.invalidations;
-      // Only real registrations teach: a remembered failure is no cached registration.
-      if (learn_churn_ && batch[i]->has(Region::kRegistered)) {
-        const Region &region = *batch[i];
-        churn_.on_event_removed(region.start, caching_paid(region),
-                                {.registration = region.register_ticks,
-                                 .sample = region.watch_ticks + uffd::Monitor::round_trip_ticks()});
-      }
+      churn_.on_event_removed(*batch[i]);
       remove_locked(batch[i]);
     }
   }
-}
-
-// Each get a region served after the one that registered it saved a registration and a
-// deregistration (weighed as twice the registration); the watches its misses made and a round
-// trip to the monitor per registration merged into it (each may have been a mapping of its own,
-// whose unmap waits) were the price (docs/DESIGN.md, "Churn").
-bool Cache::caching_paid(const Region &region) noexcept {
-  const uint64_t saved =
-      uint64_t{region.uses.load(std::memory_order_relaxed)} * 2 * region.register_ticks;
-  const uint64_t cost =
-      region.watch_ticks + uint64_t{region.registrations} * uffd::Monitor::round_trip_ticks();
-  return saved != 0 && saved >= cost;
 }
 
 void Cache::remove_locked(Region *region) noexcept {
@@ -241,7 +220,7 @@ void Cache::remove_locked(Region *region) noexcept {
   if ((flags & Region::kParkable) != 0) unpark_locked(region);
   region->change_flags(Region::kInvalid, Region::kInTable);
   region->expect({RegionState::Invalidated});
-  ring_remove_locked(lru_hand_, region);
+  ring_.remove(region);
   if (registered) {
     --cached_regions_;
     cached_bytes_ -= region->length();
@@ -252,7 +231,7 @@ void Cache::remove_locked(Region *region) noexcept {
     region->change_flags(Region::kUnreleased);
     slow_.unreleased_bytes += region->length();
   }
-  if (region->drop_reference()) defer_locked(region);
+  if (region->drop_reference()) retirement_.defer(region);
 }
 
 void Cache::purge_locked(bool deregister) noexcept {
@@ -279,7 +258,7 @@ mrc_status_t Cache::purge(bool deregister) noexcept {
   Lock lock(*this);
   if (!lock.acquire(/*wait=*/inside(this, Inside::Destroy))) return MRC_OK;  // at the next reap
   reap_finished_locked();
-  retire_batch_locked();
+  retirement_.retire_batch(&Cache::recycle_regions);
   return MRC_OK;
 }
 
@@ -297,14 +276,15 @@ void Cache::purge_before_fork() noexcept {
 mrc_status_t Cache::register_locked(uintptr_t start, uintptr_t end, uintptr_t align_mask,
                                     unsigned prot, bool cacheable, bool *evicted,
                                     Region **out) noexcept {
-  // What this costs, for the churn learner (caching_paid): only cached registrations are weighed.
-  const bool timed = cacheable && learn_churn_;
+  // What this costs, for the churn learner (ChurnHints::caching_paid): only cached registrations
+  // are weighed.
+  const bool timed = cacheable && churn_.enabled();
   Registration reg{
       .start = start, .end = end, .prot = prot, .timed = timed, .began = timed ? os::ticks() : 0};
   if (cacheable) merge_overlapping_locked(reg, align_mask);
   // The region's storage first: a registration that found none would need a dereg under
   // mutex_, where no backend call but reg runs.
-  reg.region = allocate_region_locked();
+  reg.region = pool_.allocate(recycled_);
   if (reg.region == nullptr) return MRC_ERR_NO_MEMORY;
   watch_locked(reg, cacheable);
   mrc_status_t status = register_with_backend_locked(reg);
@@ -409,7 +389,7 @@ mrc_status_t Cache::register_request_alone_locked(Registration &reg, uintptr_t s
 
 void Cache::give_back_locked(Registration &reg) noexcept {
   if (reg.watched) uffd::unwatch(reg.start, reg.end - reg.start);
-  free_region_locked(reg.region);
+  pool_.give_back(reg.region);
 }
 
 mrc_status_t Cache::remember_failure_locked(Registration &reg, mrc_status_t status) noexcept {
@@ -435,8 +415,8 @@ mrc_status_t Cache::remember_failure_locked(Registration &reg, mrc_status_t stat
     return status;
   }
   ++table_entries_;
-  live_insert_locked(region);
-  ring_insert_locked(lru_hand_, region);
+  retirement_.track(region);
+  ring_.insert(region);
   evict_locked();
   return status;
 }
@@ -455,7 +435,7 @@ void Cache::capture_pfns_locked(Region *region) noexcept {
 
 mrc_status_t Cache::publish_locked(Registration &reg, Region **out) noexcept {
   Region *region = reg.region;
-  live_insert_locked(region);
+  retirement_.track(region);
   if (reg.watched) {
     // Complete before the insert publishes it (release) to fast-path readers. Inserted without
     // the CLOCK bit: a region earns its second chance by being used again.
@@ -482,17 +462,10 @@ mrc_status_t Cache::publish_locked(Registration &reg, Region **out) noexcept {
   ++table_entries_;
   ++cached_regions_;
   cached_bytes_ += region->length();
-  ring_insert_locked(lru_hand_, region);
+  ring_.insert(region);
   evict_locked();
   *out = region;
   return MRC_OK;
-}
-
-void Cache::live_insert_locked(Region *region) noexcept {
-  region->live_prev = nullptr;
-  region->live_next = live_head_;
-  if (live_head_ != nullptr) live_head_->live_prev = region;
-  live_head_ = region;
 }
 
 }  // namespace mrc

@@ -8,7 +8,7 @@
 #include <atomic>
 
 #include "core/cache/cache.h"
-#include "core/cache/parking_line.h"
+#include "core/cache/parking_lines.h"
 
 namespace mrc {
 

@@ -337,12 +337,21 @@ TEST_P(CacheChurn, ASteadyBuffersUncachedRegistrationsCostAFewSamplesWhateverThe
 
 TEST_P(CacheChurn, ASampleThatPaysTurnsCachingBackOn) {
   create_cache(0);
+  // Learnt with samples priced far above registrations: a cheap registration that a loaded host
+  // stretched would otherwise shorten the gaps, and the samples taken meanwhile (none pays: one
+  // get each) would double the next gap past the messages below.
+  price_samples_far_above_registrations();
   messages(10, 1);
   const uint64_t learned = churn_skips();
   ASSERT_GE(learned, 7u) << "the churn was learned";
-  // Registrations now cost milliseconds and the buffer is used twice per message: the first
-  // cached sample (within 16 misses) is hit, and its unmap ends the churn.
-  backend.reg_delay_us = kCostlyRegistrationUs;
+  // Registrations now cost 10 ms and the buffer is used twice per message: the first cached
+  // sample (within 24 misses) is hit, and its unmap ends the churn. The round trip is now a
+  // tenth of a millisecond, so that only a watch stretched past 20 ms keeps the sample from
+  // paying (the model's price only: nothing waits for it).
+  const uint64_t began = mrc::os::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mrc::uffd::testing::set_round_trip_ticks((mrc::os::ticks() - began) / 10);
+  backend.reg_delay_us = 5 * kCostlyRegistrationUs;
   messages(20, 2);
   const uint64_t skips = churn_skips();
   const mrc_stats_t before = stats();

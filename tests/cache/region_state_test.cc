@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The life of a region (core/cache/region.h, "THE LIFE OF A REGION"): each state of the table
+// The life of a region (docs/DESIGN.md, "The life of a region"): each state of the table
 // reached through the C API and the cache's testing hooks, with Region::state() asserted at each
 // step. In a debug build every move on the way also checks the state it leaves (Region::expect),
 // so these runs fail on a move the table does not have; the death tests show such a check fire.
@@ -141,7 +141,7 @@ TEST_F(RegionStateTest, ACachedRegionGoesThroughEveryStateOfItsLife) {
   for (int i = 0; i < 8 && !(kDebug && region->state() == RegionState::Retiring); ++i) miss();
   expect_ended_in(region, RegionState::Retiring);
 
-  // Retiring -> Retired: a purge retires the batch (retire_batch_locked).
+  // Retiring -> Retired: a purge retires the batch (Retirement::retire_batch).
   ASSERT_EQ(mrc_cache_purge(cache), MRC_OK);
   expect_ended_in(region, RegionState::Retired);
 
@@ -149,7 +149,7 @@ TEST_F(RegionStateTest, ACachedRegionGoesThroughEveryStateOfItsLife) {
   epoch_domain().synchronize();
   expect_ended_in(region, RegionState::Free);
 
-  // Free -> Cached again: the storage serves a new registration (allocate_region_locked).
+  // Free -> Cached again: the storage serves a new registration (RegionPool::allocate).
   miss();
   char *c_memory = map();
   ASSERT_NE(c_memory, nullptr);

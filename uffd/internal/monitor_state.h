@@ -1,47 +1,32 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The monitor's process-wide state, private to uffd/: the registry (subscribers, the negotiated
-// mode, the current run, the watch table) and what the monitor thread reads (MonitorRun), shared
-// by the files that start, run, fork and stop the monitor and by the subscription and watches
-// faces.
+// The monitor's process-wide state, private to uffd/: the registry (g_monitor: subscribers, the
+// negotiated mode, the current run, the watch table) and what the monitor thread reads
+// (MonitorRun). Why the rules below hold: docs/DESIGN.md, "The monitor thread and its registry".
 //
 // SYNCHRONIZATION
-//   The monitor thread waits on the userfaultfd (readiness only) and on a control eventfd
-//   through io_uring; raises the queue's `pending`, read()s a batch of uffd_msg, publishes
-//   records, lowers `pending`. It never allocates, frees, logs, takes a lock, or calls a backend:
-//   anything it freed could be registered memory whose munmap waits for the monitor itself. Nor
-//   does it call libc's wrappers of the system calls it makes (monitor_thread.cc): a program's
-//   interposer would run on it, and in MISSING mode could fault on a watched page.
-//   g_monitor.mutex (the registry mutex) guards: the subscriber list and count, start/stop and
-//   every field of the current run (fds, ring, thread, stack), the negotiated mode/features/reason,
-//   the watch table (g_monitor.watches) and the internal subscription that keeps it in step with
-//   the queue. subscribe, unsubscribe, Monitor::info, and the watch and unwatch calls that change
-//   more than a count take it. Its holder never waits for an unmap in flight: eviction leaves idle
-//   entries for a later call instead (evict_idle_watches_locked).
-//   Not guarded: the watch table's fast path (watch/unwatch_many of memory whose piece already
-//   counts a watch, watches.h), which reads the internal subscription's quiescent() and the
-//   table's published snapshot inside an EpochGuard and changes only a piece's count
-//   (watch_table.h).
-//   Lock order: g_monitor.mutex, then the /proc/self/maps slot mutexes (base/proc_maps.cc). The
-//   fork handlers take both before fork and release them after, so the child inherits them unlocked
-//   and consistent.
-//   The monitor thread takes no lock. It reads its MonitorRun (written before pthread_create,
-//   unchanged until pthread_join) and writes only: the queue (producer side; see queue.h),
-//   g_monitor.events (relaxed counter, read by info()), and the kernel's objects.
-//   The test controls (queue_capacity ... thread_start_error) are relaxed atomics, read at the
-//   next start or call: they publish nothing.
-//   g_monitor.mode is an atomic read without the lock by Subscription::mode() (relaxed: a stale
-//   mode only affects a report). g_probe_fd (probe.h) is read without the lock by
-//   Subscription::probe_unmaps() (acquire, pairing with start_locked()'s release; see there why
-//   it cannot change under a get).
-//   Starting: the starter (holding g_monitor.mutex) waits on a futex until the monitor thread has
-//   stored the loop it runs in run.loop (release; the starter's acquire load pairs with it):
-//   start_locked() returns only once the thread is out of the threading runtime's start-up (see
-//   there why). run.loop changes again (relaxed) only if the ring fails and the thread falls back
-//   to poll(2); testing::monitor_loop() reads it.
-//   The io_uring ring has one issuer, the monitor thread (IORING_SETUP_SINGLE_ISSUER: it enables
-//   the ring itself); other threads only create it before and tear it down after the thread.
-//   Stopping: the stopper sets run.stop (release) then writes the control eventfd; the monitor
-//   loads run.stop (acquire) after each control wakeup and leaves; the stopper joins it.
+//   1. The monitor thread waits on the userfaultfd (readiness only) and the control eventfd
+//      (io_uring or poll(2)); raises the queue's pending, read()s a batch, publishes, lowers it.
+//   2. It never allocates, frees, logs, takes a lock or calls a backend, and it enters the kernel
+//      without libc's wrappers (monitor_thread.cc).
+//   3. It reads its MonitorRun (written before pthread_create, unchanged until pthread_join) and
+//      writes only the queue (producer, queue.h), g_monitor.events (relaxed) and kernel objects.
+//   4. g_monitor.mutex, the registry mutex, guards the subscribers, start/stop and the whole run,
+//      the negotiated mode/features/reason, the watch table and its internal subscription. Its
+//      holder never waits for an unmap in flight (evict_idle_watches_locked).
+//   5. Not guarded: the watch table's fast path (watches.h), which reads internal.quiescent() and
+//      the table's snapshot inside an EpochGuard and changes only a piece's count.
+//   6. Lock order: g_monitor.mutex, then the /proc/self/maps slot mutexes (base/proc_maps.cc); the
+//      fork handlers take both before fork and release them after.
+//   7. Read without the lock: mode (relaxed, by Subscription::mode()); g_probe_fd (probe.h;
+//      acquire in probe_unmaps(), pairing with start_locked()'s release); the test controls
+//      (queue_capacity ... thread_start_error: relaxed, read at the next start or call).
+//   8. Starting: the starter, holding the mutex, waits on a futex until the thread stores its
+//      LoopKind in run.loop (release; the starter's load is acquire). run.loop changes again
+//      (relaxed) only on a fallback to poll(2); testing::monitor_loop() reads it.
+//   9. The io_uring ring's one issuer is the monitor thread, which enables it; other threads only
+//      create it before and tear it down after the thread.
+//  10. Stopping: run.stop (release), then a write to the control eventfd; the thread loads run.stop
+//      (acquire) after each control wakeup and leaves; the stopper joins it.
 #pragma once
 
 #include <liburing.h>
@@ -72,7 +57,7 @@ struct MonitorRun {
   std::atomic<uint64_t> *events = nullptr;
   std::atomic<bool> stop{false};
   // The ring was created disabled, single-issuer, with deferred task work: the monitor thread
-  // enables it and so becomes its only issuer (see start_locked()).
+  // enables it and so becomes its only issuer (see set_up_ring_locked() in monitor.cc).
   bool enable_ring = false;
   bool drop_events = false;
   size_t page_size = 4096;

@@ -1,109 +1,41 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The watch table, private to uffd/ (its face is watches.h): what is registered with the
-// userfaultfd, and how many watches each part of the address space carries.
+// userfaultfd (entries), and how many watches each part of the address space carries (pieces).
+// Why the rules below hold: docs/DESIGN.md, "The watch table" and "The watch table's fast path".
 //
-// Registration follows the kernel's VMAs. In every mode a watch registers every whole VMA
-// (mapping) it touches, never a part of one: registering part of a VMA splits it, and the
-// application's mremap of a range that spans several VMAs fails with EFAULT (a grow always; a
-// move too before Linux 6.17, and from 6.17 on whenever one of the VMAs is registered, which the
-// kernel cannot move along with others; 6.18 moves the first VMA before it fails). In MISSING
-// mode the monitor thread then resolves the faults of the whole mapping; it must never fault on
-// a watched page itself, so no mapping that holds what it touches is watched (WatchConfig), and
-// it runs no code a program may interpose (monitor_thread.cc). The brk heap (between start_brk
-// and the break) is registered exactly, in every mode: nothing mremaps the heap, brk() grows and
-// shrinks it whatever its VMAs, and registering all of it made every free() that trims the heap,
-// and every madvise of its free memory, wait for the monitor although no registration lay there
-// (docs/DESIGN.md, "Watching").
-//
-// Two records:
-//  - Entries: the ranges known to be registered, sorted, disjoint and never adjacent (touching
-//    ones are coalesced; the kernel merges adjacent registered VMAs where it can). Every byte of
-//    an entry is registered with our userfaultfd, up to the window below. The kernel drops the
-//    registration of whatever is unmapped or moved away (the moved VMA keeps it at its new
-//    address, where no entry records it: a watch there registers it again, a no-op) and says so
-//    with an UNMAP or REMAP record of the old range; forget() cuts those bytes out. A watch that
-//    lies inside one entry costs no syscall.
-//  - Pieces: the units watches are counted in. A watch that finds no piece under part of its
-//    range creates one there, as large as the free space around it inside the watch's entry, so
-//    a mapping's first watch makes one piece for the whole mapping and the next ones count in
-//    it. A piece never changes shape while it counts a watch: every piece an unwatch finds under
-//    its range is one its watch counted in, so neighbours never unwatch each other. Entries do
-//    change shape under the pieces (unmaps, new mappings in the holes); a piece then keeps every
-//    entry it overlaps in use until its last watch leaves. An entry no piece overlaps is idle.
-//
-// Idle entries stay registered, so that a watch after the last one left is a count increment,
-// up to a limit (oldest evicted first): an idle registered mapping costs the application one
-// monitor round trip per munmap/madvise in it, and keeps the kernel from merging it with its
-// neighbours.
-//
-// After UFFDIO_REGISTER the mapping is looked up again: an entry is recorded only if one VMA
-// still covers what was registered. Registering a range registers the VMAs present and skips
-// holes; had the application unmapped part of an unregistered VMA in between (no event) and
-// mapped memory there again, an entry over it would answer watches of memory that nothing
-// registered, and that memory's unmap would never be seen.
-//
-// VMA accounting: a registered entry adds at most two VMAs (neighbours it keeps from merging
-// with it; in the brk heap, the splits at its edges). vmas_added() = 2 x entries is that
-// upper bound, kept under the budget from vm.max_map_count: past it idle entries go first, then
-// watch() answers NotMonitorable rather than let the application's next mmap fail with ENOMEM.
-//
-// The window: the kernel removes a VMA before it queues the UNMAP/REMAP event. Until the monitor
-// has read it, an entry can cover memory another thread has already mapped afresh at the same
-// address; a watch there is answered from the stale entry and registers nothing. A watch made
-// after Subscription::probe_unmaps() answered Read (an exact cache's get probes first) is outside
-// the window: the unmap's record is then published or `pending` raised, so the internal
-// subscription is not quiescent and the table is synced first (docs/DESIGN.md, "Exact under
-// concurrent unmaps"). Without the probe (fast mode), the record, once drained, invalidates
-// what was cached there and cuts the entry, so the next watch there registers.
-//
-// The lock-free fast path: a watch that lies inside one registered entry and one piece that
-// already counts a watch, and an unwatch that leaves its piece a watch, change nothing but that
-// piece's count. Counts live in objects of their own (PieceCount) that the table and a published
-// snapshot (entries and pieces, shapes only) share, so such calls need neither the registry mutex
-// nor the table: try_watch_fast() / try_unwatch_fast(). Everything else (a first watch, a count
-// that crosses zero, registration, idle entries, eviction, forget, reset) takes the mutex.
+//   1. A watch registers every whole VMA it touches, never a part, in every mode; the brk heap
+//      (start_brk to the break) page by page. The monitor's memory (WatchConfig) is never watched.
+//   2. Entries: ranges known registered, sorted, disjoint, never adjacent (touching ones coalesce).
+//      forget() cuts out what an UNMAP or REMAP record says the kernel dropped.
+//   3. An entry is recorded only if, after UFFDIO_REGISTER, one VMA still covers what was asked.
+//   4. Pieces count watches. A watch makes a piece where it finds none, as large as the free space
+//      around it in its entry. A piece never changes shape while it counts a watch, and keeps every
+//      entry it overlaps in use until its last watch leaves; an entry no piece overlaps is idle.
+//   5. Idle entries stay registered up to config_.idle_limit (oldest evicted first, evict_idle()).
+//   6. vmas_added() = 2 x entries stays under the VMA budget: past it idle entries go, then watch()
+//      answers NotMonitorable.
+//   7. The window: until the monitor has read an UNMAP/REMAP, its stale entry answers watches of
+//      memory mapped afresh there. A watch after probe_unmaps() answered Read is outside it.
 //
 // SYNCHRONIZATION
-//   The table (entries_, pieces_, the totals, config_, the counter lists): every member function
-//   not named try_*_fast runs under the monitor's registry mutex. The monitor thread never touches
-//   it. Allocation (nothrow) is allowed here: this is never the monitor thread. No destructors: the
-//   table lives in a process-wide object that must stay usable while other threads run at exit;
-//   reset() frees the memory (through the epoch domain where readers may hold it).
-//   PieceCount::watches: changed by the mutex holder and, lock-free, by try_*_fast. A count
-//   crosses zero only under the mutex: the fast watch adds only to a count >= 1 and the fast
-//   unwatch subtracts only from a count >= 2 (CAS loops); the locked unwatch that takes it to 0
-//   removes the piece from the table in the same critical section, and reset() stores 0 into
-//   every count it drops. So no fast path can revive a count after the mutex holder decided that
-//   its piece is gone (and may unregister what it kept in use). Only the mutex holder may: a
-//   later watch that needs a piece of exactly that shape again (revivable()) puts the same count
-//   back into the table, inside a registered entry, before it adds to it. Relaxed: the count
-//   publishes nothing; the atomicity of the read-modify-writes is the whole protocol.
-//   published_ (the snapshot): rebuilt by the mutex holder at the end of a locked call when
-//   the table gained a piece or an entry or forgot one (publish(); in a large table only every
-//   so many such calls, like a snapshot whose allocation failed), and stored with a release;
-//   try_*_fast load it (acquire, pairs with that store: the snapshot's contents, and the
-//   UFFDIO_REGISTER of every entry in it, happen before the reader sees them) inside an
-//   EpochGuard of the process-wide domain. A replaced snapshot, and then the PieceCounts of
-//   pieces it showed that left the table, are retired to that domain (in that order: a count
-//   retired while a published snapshot shows it could be freed under a reader that loads that
-//   snapshot after the retire), so no reader touches freed memory. retire() runs under the
-//   registry mutex (lock order: registry mutex, then the epoch domain's, as in the fork
-//   handlers) and may run other objects' reclaim callbacks: none may take the registry mutex.
-//   A published snapshot may be older than the table in two ways only, both safe to act on:
-//   it may show pieces that left the table (their count is 0 until the mutex holder revives
-//   one, with the same shape, inside a registered entry) and entries unregistered as idle (no
-//   piece in the table overlapped them then). So when try_watch_fast finds a count >= 1, its
-//   piece is in the table with the shape shown (pieces never change shape while they count),
-//   the piece lay inside a registered entry when it was (re)made, and registered memory under a
-//   piece in the table is lost only to an unmap (forget), which the snapshot reflects:
-//   forget() runs only while draining the monitor's records, and withdraw() (a release
-//   store of null) precedes that drain; the drain advances the internal subscription's cursor
-//   (release) after it. The fast watch checks that subscription's quiescent() (acquire) before it
-//   loads the snapshot: if it sees the cursor past a record it sees null or a later snapshot;
-//   if records are pending or unapplied it takes the slow path. So a watch that starts after an
-//   unmap returned never trusts an entry that unmap cut (the pending protocol of subscription.h).
-//   g_registrations and g_snapshots (statistics) and g_before_register (test-only, set by the
-//   thread that then watches) are relaxed atomics: nothing is published through them.
+//   1. Every member but try_*_fast runs under the monitor's registry mutex; the monitor thread
+//      never touches the table. Allocation (nothrow) is allowed. No destructors: reset() frees
+//      (through the epoch domain where readers may hold the memory).
+//   2. PieceCount::watches: changed under the mutex and, lock-free, by try_*_fast (CAS loops,
+//      relaxed): a fast watch adds only to a count >= 1, a fast unwatch takes only from one >= 2.
+//   3. A count crosses zero only under the mutex: the unwatch that takes it to 0 removes the piece
+//      in the same critical section; reset() stores 0 into every count it drops. Only the mutex
+//      holder revives a count (revivable(): same shape, inside a registered entry).
+//   4. published_ (the snapshot): rebuilt by the mutex holder in publish(), stored with release;
+//      try_*_fast load it with acquire inside an EpochGuard of the process-wide domain.
+//   5. A replaced snapshot is retired before the PieceCounts of pieces it showed that left the
+//      table. retire() runs under the mutex (then the domain's); no reclaim callback may take it.
+//   6. A snapshot may lag the table only by pieces that left it (count 0 until revived) and by
+//      entries unregistered as idle.
+//   7. withdraw() (release store of null) precedes every drain that calls forget(); the drain then
+//      advances the internal subscription's cursor (release). try_watch_fast's caller checks that
+//      subscription's quiescent() (acquire) before the snapshot is loaded.
+//   8. g_registrations, g_snapshots and g_before_register are relaxed: they publish nothing.
 #pragma once
 
 #include <atomic>
