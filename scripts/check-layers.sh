@@ -7,6 +7,7 @@
 #   layer 2  pgtable/          may include: mrcache/ base/ pgtable/          third-party: none
 #   layer 3  uffd/             may include: mrcache/ base/ uffd/             liburing
 #   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
+#   layer 3  bpf/              may include: mrcache/ base/ bpf/              none yet
 #   layer 4  core/cache/       may include: every layer above, core/cache/   fmt, libnuma, all above
 #   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
 #   layer 4  core/monitor/     may include: mrcache/ base/ uffd/ core/monitor/   liburing
@@ -45,6 +46,7 @@ layer_of() {
     pgtable/*) echo pgtable ;;
     uffd/*) echo uffd ;;
     backends/*) echo backends ;;
+    bpf/*) echo bpf ;;
     core/cache/*) echo cache ;;
     core/segment/*) echo segment ;;
     core/monitor/*) echo monitor ;;
@@ -64,6 +66,7 @@ allowed_internal() {
     base:public) return 0 ;;
     pgtable:public | pgtable:base) return 0 ;;
     uffd:public | uffd:base | backends:public | backends:base) return 0 ;;
+    bpf:public | bpf:base) return 0 ;;
     cache:public | cache:base | cache:pgtable | cache:uffd | cache:backends) return 0 ;;
     segment:public | segment:base) return 0 ;;
     monitor:public | monitor:base | monitor:uffd) return 0 ;;
@@ -76,7 +79,7 @@ allowed_external() {
   local layer=$1 h=$2
   [[ $h =~ $tp_test || $h =~ $tp_ucx ]] && return 1
   case $layer in
-    public | base | pgtable)
+    public | base | pgtable | bpf)
       [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
     uffd)
       [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
@@ -107,7 +110,7 @@ resolve() {
   fi
   case $2 in
     mrcache/*) echo "include/$2" ;;
-    base/* | pgtable/* | uffd/* | backends/* | core/* | tools/* | tests/*) echo "$2" ;;
+    base/* | pgtable/* | uffd/* | backends/* | bpf/* | core/* | tools/* | tests/*) echo "$2" ;;
     *) echo "" ;;
   esac
 }
@@ -125,7 +128,7 @@ internal_owner() {
 violations=0
 checked=0
 mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard -- \
-  'include/mrcache/*' 'base/*' 'pgtable/*' 'uffd/*' 'backends/*' 'core/*')
+  'include/mrcache/*' 'base/*' 'pgtable/*' 'uffd/*' 'backends/*' 'bpf/*' 'core/*')
 for f in "${files[@]}"; do
   [[ -f $f && $f =~ \.(h|hpp|hh|c|cc|cpp|inc|ipp)$ ]] || continue
   layer=$(layer_of "$f")
