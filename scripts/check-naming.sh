@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # The library's naming style (.clang-tidy: readability-identifier-naming and its CheckOptions):
-# clang-tidy with only that check over every library source (base/ pgtable/ uffd/ backends/
+# clang-tidy with only that check over every library source (base/ pgtable/ uffd/ backends/ bpf/
 # core/) that a build directory's compile_commands.json lists, and the library headers they
 # include (the public C headers in include/mrcache/ follow C's style and are not checked).
 # Prints each finding, then a one-line summary. Exit 0 when clean, 1 on any finding (or a
@@ -16,7 +16,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(cd "$1" 2>/dev/null && pwd) || { echo "check-naming: no directory $1" >&2; exit 2; }
 tidy=${CLANG_TIDY:-clang-tidy}
 jobs=${MRC_JOBS:-$(nproc)}
-libs='base|pgtable|uffd|backends|core'
+libs='base|pgtable|uffd|backends|bpf|core'
 
 db=$build/compile_commands.json
 [[ -f $db ]] || { echo "check-naming: no $db (configure a build first)" >&2; exit 2; }
