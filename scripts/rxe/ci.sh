@@ -23,7 +23,7 @@
 #    --pair: `scripts/rxe/vm.sh pair`, nodea running scripts/rxe/pair-tests.sh BUILD (stress
 #    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report;
 #    NetPIPE over Open MPI's mtl/ofi under Open MPI's monitor and mrcache's);
-#    again, up to MRC_PAIR_ATTEMPTS [3] times in all, when a guest's kernel crashed.
+#    again, up to MRC_PAIR_ATTEMPTS [5] times in all, when a guest's kernel crashed.
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
 # Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
@@ -145,10 +145,10 @@ set +e
 if [ $PAIR = 1 ]; then
   # The guests' rdma_rxe crashes its kernel now and then under this traffic, with mrcache out
   # of the picture too (docs/DESIGN.md, the soft-RoCE guests): a pair that ended that way has no
-  # verdict on mrcache and runs again, at most MRC_PAIR_ATTEMPTS [3] times in all. Any other
+  # verdict on mrcache and runs again, at most MRC_PAIR_ATTEMPTS [5] times in all. Any other
   # failure is final.
   pair_log=$(mktemp /tmp/mrcache-rxe-pair.XXXXXX)
-  for attempt in $(seq "${MRC_PAIR_ATTEMPTS:-3}"); do
+  for attempt in $(seq "${MRC_PAIR_ATTEMPTS:-5}"); do
     "$VM" pair --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/pair-tests.sh" "$BUILD" |
       tee "$pair_log"
     rc=${PIPESTATUS[0]}
