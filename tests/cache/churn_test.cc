@@ -64,9 +64,13 @@ class CacheChurn : public CacheFixture, public ::testing::WithParamInterface<boo
   // measures tens of microseconds, as much as a loaded host's round trip: the round trip is set
   // to a second (the model's price only; nothing waits for it).
   void price_samples_far_above_registrations() {
+    mrc::uffd::testing::set_round_trip_ticks(1000 * ticks_in_a_millisecond());
+  }
+  // os::ticks() across a sleep of one millisecond: at least a millisecond's worth.
+  static uint64_t ticks_in_a_millisecond() {
     const uint64_t began = mrc::os::ticks();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    mrc::uffd::testing::set_round_trip_ticks(1000 * (mrc::os::ticks() - began));
+    return mrc::os::ticks() - began;
   }
   // One message: a new mapping, `gets` get/put pairs of all of it, munmap.
   void messages(unsigned count, unsigned gets) {
@@ -263,9 +267,7 @@ TEST_P(CacheChurn, AMergedRegionCarriesOnTheUsesOfWhatItAbsorbed) {
 // sanitizer) still does not pay. A run in which some busy wait took three times its length is
 // run again (twice at most): the host, not the cache, decided it.
 TEST_P(CacheChurn, AMergedRegionIsPricedARoundTripPerRegistrationItAbsorbed) {
-  const uint64_t began = mrc::os::ticks();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const uint64_t registration = mrc::os::ticks() - began;  // 1 ms at least
+  const uint64_t registration = ticks_in_a_millisecond();
   constexpr size_t kGrowths = 8;
   const size_t step = kPages / kGrowths * kPage;
   for (int attempt = 1;; ++attempt) {
@@ -348,9 +350,7 @@ TEST_P(CacheChurn, ASampleThatPaysTurnsCachingBackOn) {
   // sample (within 24 misses) is hit, and its unmap ends the churn. The round trip is now a
   // tenth of a millisecond, so that only a watch stretched past 20 ms keeps the sample from
   // paying (the model's price only: nothing waits for it).
-  const uint64_t began = mrc::os::ticks();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  mrc::uffd::testing::set_round_trip_ticks((mrc::os::ticks() - began) / 10);
+  mrc::uffd::testing::set_round_trip_ticks(ticks_in_a_millisecond() / 10);
   backend.reg_delay_us = 5 * kCostlyRegistrationUs;
   messages(20, 2);
   const uint64_t skips = churn_skips();
