@@ -20,20 +20,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bpf/abi.h"
 #include "mrcache/mrcache.h"
 
 namespace mrc::bpf {
 
-// What the programs write, one record per change of a watched process's address space. Shared
-// with the programs' C: plain fields, fixed layout.
+// What the programs write, one record per change of a watched address space (abi.h, the
+// layout the programs' C shares).
 enum class ChangeKind : uint32_t {
-  Unmap = 1,           // munmap, MAP_FIXED over a mapping, an mremap's target
-  Remap = 2,           // mremap: the old range
-  Madvise = 3,         // a madvise that drops pages (aux: the advice)
-  Brk = 4,             // brk shrink: [new break, old break)
-  Shm = 5,             // shmat(SHM_REMAP), shmdt: [start, ~0) (the size is unknown there)
-  Purge = 6,           // a change whose range could not be read: everything
-  IouringMadvise = 7,  // IORING_OP_MADVISE (aux: the advice)
+  Unmap = MRC_BPF_CHANGE_UNMAP,      // munmap, brk shrink, shmdt, MAP_FIXED over, mremap's unmaps
+  Remap = MRC_BPF_CHANGE_REMAP,      // mremap: the old range
+  Madvise = MRC_BPF_CHANGE_MADVISE,  // a madvise that drops pages (aux: the advice)
+  Purge = MRC_BPF_CHANGE_PURGE,      // a change whose range could not be read: everything
 };
 
 struct ChangeRecord {
@@ -42,7 +40,9 @@ struct ChangeRecord {
   uint64_t start;
   uint64_t end;  // exclusive; ~0: to the top of the address space
 };
-static_assert(sizeof(ChangeRecord) == 24);
+static_assert(sizeof(ChangeRecord) == sizeof(mrc_bpf_change));
+static_assert(offsetof(ChangeRecord, start) == offsetof(mrc_bpf_change, start));
+static_assert(offsetof(ChangeRecord, end) == offsetof(mrc_bpf_change, end));
 
 // The ring as the kernel lays it out for mmap: the consumer position on a page of its own
 // (read-write), the producer position on the next (read-only), then the data area, mapped

@@ -7,7 +7,7 @@
 #   layer 2  pgtable/          may include: mrcache/ base/ pgtable/          third-party: none
 #   layer 3  uffd/             may include: mrcache/ base/ uffd/             liburing
 #   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
-#   layer 3  bpf/              may include: mrcache/ base/ bpf/              none yet
+#   layer 3  bpf/              may include: mrcache/ base/ bpf/              libbpf
 #   layer 4  core/cache/       may include: every layer above, core/cache/   fmt, libnuma, all above
 #   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
 #   layer 4  core/monitor/     may include: mrcache/ base/ uffd/ core/monitor/   liburing
@@ -35,6 +35,8 @@ tp_uring='^liburing(\.h|/)'
 tp_verbs='^(infiniband|rdma)/'
 tp_fmt='^fmt/'
 tp_numa='^(numa|numaif|numacompat1)\.h$'
+# libbpf's headers share the bpf/ prefix with our component: these names are libbpf's.
+tp_bpf='^bpf/(bpf|btf|libbpf|libbpf_common|libbpf_legacy|libbpf_version|bpf_helpers|bpf_helper_defs|bpf_tracing|bpf_core_read|bpf_endian)\.h$'
 tp_test='^(gtest|gmock|benchmark|CLI|nlohmann)/'
 tp_ucx='^(ucs|uct|ucp|ucm)/'
 
@@ -79,16 +81,18 @@ allowed_external() {
   local layer=$1 h=$2
   [[ $h =~ $tp_test || $h =~ $tp_ucx ]] && return 1
   case $layer in
-    public | base | pgtable | bpf)
+    public | base | pgtable)
+      [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa || $h =~ $tp_bpf ]] && return 1 ;;
+    bpf)
       [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
     uffd)
-      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa || $h =~ $tp_bpf ]] && return 1 ;;
     backends)
-      [[ $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+      [[ $h =~ $tp_fmt || $h =~ $tp_numa || $h =~ $tp_bpf ]] && return 1 ;;
     segment)
-      [[ $h =~ $tp_uring || $h =~ $tp_verbs ]] && return 1 ;;
+      [[ $h =~ $tp_uring || $h =~ $tp_verbs || $h =~ $tp_bpf ]] && return 1 ;;
     monitor)
-      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa ]] && return 1 ;;
+      [[ $h =~ $tp_verbs || $h =~ $tp_fmt || $h =~ $tp_numa || $h =~ $tp_bpf ]] && return 1 ;;
   esac
   return 0
 }
@@ -108,6 +112,7 @@ resolve() {
     realpath -m --relative-to="$root" "$dir/$2"
     return
   fi
+  [[ $2 =~ $tp_bpf ]] && { echo ""; return; }
   case $2 in
     mrcache/*) echo "include/$2" ;;
     base/* | pgtable/* | uffd/* | backends/* | bpf/* | core/* | tools/* | tests/*) echo "$2" ;;

@@ -13,6 +13,9 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   # libraries the library links
   liburing-dev libfmt-dev libnuma-dev libibverbs-dev
+  # the eBPF monitor: libbpf to load its programs, bpftool for their skeleton (clang, which
+  # compiles them, comes with MRC_SETUP_EXTRA=clang; without it the build has no programs)
+  libbpf-dev bpftool
   # RDMA user space: verbs providers (rxe included) and ibv_devices & co. for the verbs lane
   rdma-core ibverbs-providers ibverbs-utils
   # tests, tools and benchmarks

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// This process's own ring (own_ring.h) and the self-test of every kind of change.
+#include "bpf/own_ring.h"
+
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <new>
+
+#include "base/error.h"
+#include "bpf/abi.h"
+
+namespace mrc::bpf {
+namespace {
+
+int64_t now_ns() noexcept {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1'000'000'000LL + now.tv_nsec;
+}
+
+// Drains until a record of `kind` covering [start, end) shows, for at most 100 ms (a record
+// another thread's change left in flight ahead of ours holds the drain up that long at most).
+bool record_shows(RingConsumer &consumer, ChangeKind kind, uintptr_t start, uintptr_t end) {
+  const int64_t deadline = now_ns() + 100'000'000;
+  bool seen = false;
+  do {
+    const RingConsumer::Drained drained = consumer.drain([&](const ChangeRecord &record) {
+      if (record.kind == static_cast<uint32_t>(kind) && record.start <= start &&
+          record.end >= end) {
+        seen = true;
+      }
+    });
+    if (drained == RingConsumer::Drained::Lost) consumer.purged();
+    if (seen) return true;
+    sched_yield();
+  } while (now_ns() < deadline);
+  return false;
+}
+
+void *map_pages(size_t bytes, void *at = nullptr, int extra_flags = 0) noexcept {
+  void *p =
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  memset(p, 1, bytes);  // pages to drop
+  return p;
+}
+
+}  // namespace
+
+mrc_status_t self_test(RingConsumer &consumer) noexcept {
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Two scratch areas of four pages; every step leaves them mapped or unmaps them itself.
+  auto *a = static_cast<uint8_t *>(map_pages(4 * page));
+  auto *b = static_cast<uint8_t *>(map_pages(4 * page));
+  if (a == nullptr || b == nullptr) {
+    if (a != nullptr) munmap(a, 4 * page);
+    if (b != nullptr) munmap(b, 4 * page);
+    set_last_error("bpf monitor self-test: mmap: %s", strerror(errno));
+    return MRC_ERR_NO_MEMORY;
+  }
+  const auto at = [](const uint8_t *p) { return reinterpret_cast<uintptr_t>(p); };
+  const char *failed = nullptr;
+  // munmap of a part.
+  munmap(a + 3 * page, page);
+  if (!record_shows(consumer, ChangeKind::Unmap, at(a + 3 * page), at(a + 4 * page))) {
+    failed = "munmap";
+  }
+  // madvise(MADV_DONTNEED).
+  if (failed == nullptr) {
+    madvise(a, page, MADV_DONTNEED);
+    if (!record_shows(consumer, ChangeKind::Madvise, at(a), at(a + page))) failed = "madvise";
+  }
+  // mmap(MAP_FIXED) over a mapping.
+  if (failed == nullptr) {
+    if (map_pages(page, a + page, MAP_FIXED) == nullptr ||
+        !record_shows(consumer, ChangeKind::Unmap, at(a + page), at(a + 2 * page))) {
+      failed = "mmap(MAP_FIXED) over a mapping";
+    }
+  }
+  // A shrinking mremap: its old range.
+  if (failed == nullptr) {
+    if (mremap(b, 4 * page, 3 * page, 0) == MAP_FAILED ||
+        !record_shows(consumer, ChangeKind::Remap, at(b), at(b + 4 * page))) {
+      failed = "mremap (shrinking)";
+    }
+  }
+  // A moving mremap onto a: its old range (the unmap of the target reports too).
+  if (failed == nullptr) {
+    if (mremap(b, 3 * page, 3 * page, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED ||
+        !record_shows(consumer, ChangeKind::Remap, at(b), at(b + 3 * page))) {
+      failed = "mremap (moving)";
+    }
+  }
+  munmap(a, 4 * page);
+  munmap(b, 4 * page);
+  record_shows(consumer, ChangeKind::Unmap, at(b), at(b + 4 * page));
+  if (failed != nullptr) {
+    set_last_error("bpf monitor self-test: %s left no record in the ring", failed);
+    return MRC_ERR_UNSUPPORTED;
+  }
+  return MRC_OK;
+}
+
+mrc_status_t OwnRing::open(size_t ring_bytes, OwnRing **out) noexcept {
+  *out = nullptr;
+  auto *own = new (std::nothrow) OwnRing();
+  if (own == nullptr) {
+    set_last_error("bpf monitor: out of memory");
+    return MRC_ERR_NO_MEMORY;
+  }
+  own->owner_ = getpid();
+  mrc_status_t status = Programs::load(&own->programs_);
+  if (status == MRC_OK) status = own->programs_->add_client(own->owner_, ring_bytes, &own->client_);
+  if (status == MRC_OK) status = own->ring_.map(own->client_.ring_fd, own->client_.ring_bytes);
+  if (status == MRC_OK) {
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    own->lost_bytes_ =
+        (MRC_BPF_MAX_CLIENTS * MRC_BPF_LOST_STRIDE * sizeof(uint64_t) + page - 1) & ~(page - 1);
+    void *lost =
+        mmap(nullptr, own->lost_bytes_, PROT_READ, MAP_SHARED, own->programs_->lost_fd(), 0);
+    if (lost == MAP_FAILED) {
+      set_last_error("bpf monitor: mmap of the lost counters: %s", strerror(errno));
+      status = MRC_ERR_IO;
+    } else {
+      own->lost_ = lost;
+      RingLayout layout = own->ring_.layout();
+      layout.lost = static_cast<const std::atomic<uint64_t> *>(lost) +
+                    size_t{own->client_.slot} * MRC_BPF_LOST_STRIDE;
+      own->consumer_.attach(layout);
+      status = self_test(own->consumer_);
+    }
+  }
+  if (status != MRC_OK) {
+    own->close();
+    return status;
+  }
+  *out = own;
+  return MRC_OK;
+}
+
+void OwnRing::close() noexcept {
+  if (programs_ != nullptr) {
+    if (client_.ring_fd >= 0) programs_->remove_client(client_, owner_);
+    programs_->close();
+  }
+  ring_.unmap();
+  if (client_.ring_fd >= 0) ::close(client_.ring_fd);
+  if (lost_ != nullptr) munmap(lost_, lost_bytes_);
+  delete this;
+}
+
+}  // namespace mrc::bpf
