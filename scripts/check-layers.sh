@@ -5,9 +5,9 @@
 #   layer 0  include/mrcache/  may include: mrcache/                         third-party: none
 #   layer 1  base/             may include: mrcache/ base/                   third-party: none
 #   layer 2  pgtable/          may include: mrcache/ base/ pgtable/          third-party: none
-#   layer 3  uffd/             may include: mrcache/ base/ uffd/             liburing
-#   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
 #   layer 3  bpf/              may include: mrcache/ base/ bpf/              libbpf
+#   layer 3  uffd/             may include: mrcache/ base/ bpf/ uffd/        liburing
+#   layer 3  backends/         may include: mrcache/ base/ backends/         liburing, rdma-core
 #   layer 4  core/cache/       may include: every layer above, core/cache/   fmt, libnuma, all above
 #   layer 4  core/segment/     may include: mrcache/ base/ core/segment/     fmt, libnuma
 #   layer 4  core/monitor/     may include: mrcache/ base/ uffd/ core/monitor/   liburing
@@ -67,11 +67,11 @@ allowed_internal() {
   case $layer:$tl in
     base:public) return 0 ;;
     pgtable:public | pgtable:base) return 0 ;;
-    uffd:public | uffd:base | backends:public | backends:base) return 0 ;;
+    uffd:public | uffd:base | uffd:bpf | backends:public | backends:base) return 0 ;;
     bpf:public | bpf:base) return 0 ;;
-    cache:public | cache:base | cache:pgtable | cache:uffd | cache:backends) return 0 ;;
+    cache:public | cache:base | cache:pgtable | cache:uffd | cache:backends | cache:bpf) return 0 ;;
     segment:public | segment:base) return 0 ;;
-    monitor:public | monitor:base | monitor:uffd) return 0 ;;
+    monitor:public | monitor:base | monitor:uffd | monitor:bpf) return 0 ;;
   esac
   return 1
 }

@@ -16,7 +16,9 @@ struct ModeSpelling {
 };
 
 // Best first: the order negotiation tries them in, and the order MRC_MONITOR's help lists them.
+// bpf is tried only when MRC_MONITOR asks for it (docs/DESIGN.md, "The eBPF monitor's mode").
 inline constexpr ModeSpelling kModeSpellings[] = {
+    {MRC_MONITOR_BPF, "bpf", "bpf"},
     {MRC_MONITOR_WP_ASYNC, "wp-async", "wp-async"},
     {MRC_MONITOR_WP, "wp", "wp"},
     {MRC_MONITOR_MISSING, "missing", "missing"},

@@ -36,6 +36,7 @@ namespace mrc::uffd::detail {
 
 constinit MonitorState g_monitor;
 constinit std::atomic<int> g_probe_fd{kProbeNoMonitor};
+constinit std::atomic<bpf::RingConsumer *> g_bpf_ring{nullptr};
 constinit std::atomic<bool (*)()> g_drop_events{nullptr};
 
 namespace {
@@ -68,6 +69,13 @@ void close_run_locked(bool in_forked_child = false) noexcept MRC_REQUIRES(g_moni
   // Drops every registration and releases any waiting thread. The monitor thread closed it
   // itself if it ran (and the number may belong to someone else by now).
   g_probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
+  g_bpf_ring.store(nullptr, std::memory_order_relaxed);
+  if (g_monitor.own_ring != nullptr) {
+    // A forked child's changes reach no ring: it forgets its parent's, and must not close it
+    // (that would end the parent's registration with the programs it shares).
+    if (!in_forked_child) g_monitor.own_ring->close();
+    g_monitor.own_ring = nullptr;
+  }
   if (g_monitor.uffd >= 0 && !g_monitor.run.closed_uffd) close(g_monitor.uffd);
   g_monitor.uffd = -1;
   g_monitor.run.closed_uffd = false;
@@ -79,8 +87,6 @@ void close_run_locked(bool in_forked_child = false) noexcept MRC_REQUIRES(g_moni
   // ThreadSanitizer keeps the parent's threads registered in a forked child: a new monitor
   // stack at the same address would give the child's monitor the dead one's thread id.
   if (in_forked_child) g_monitor.stack = nullptr;
-#else
-  (void)in_forked_child;
 #endif
   if (g_monitor.stack != nullptr) munmap(g_monitor.stack, g_monitor.stack_bytes);
   g_monitor.stack = nullptr;
@@ -176,11 +182,16 @@ uint64_t measure_round_trip() noexcept MRC_REQUIRES(g_monitor.mutex) {
 // ---- start_locked's phases, in the order it runs them ----
 
 // The monitor thread never allocates: all it touches must exist first. nullptr, or why not.
-const char *allocate_run_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
+const char *allocate_queue_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
   const size_t capacity = g_monitor.queue_capacity.load(std::memory_order_relaxed);
   if (g_monitor.queue.allocate(capacity != 0 ? capacity : kDefaultQueueCapacity) != MRC_OK) {
     return "the monitor could not start: no memory for the invalidation queue";
   }
+  return nullptr;
+}
+
+const char *allocate_run_locked() noexcept MRC_REQUIRES(g_monitor.mutex) {
+  if (const char *failed = allocate_queue_locked()) return failed;
   g_monitor.control = eventfd(0, EFD_CLOEXEC);
   if (g_monitor.control < 0) return "the monitor could not start: eventfd failed";
   const size_t guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -309,12 +320,55 @@ void mark_running_locked(const Negotiated &negotiated) noexcept MRC_REQUIRES(g_m
   g_monitor.round_trip_ticks.store(measure_round_trip(), std::memory_order_relaxed);
 }
 
+// Puts `prefix` before the reason negotiation wrote (both cut to the reason's size).
+void prefix_reason_locked(const char *prefix) noexcept MRC_REQUIRES(g_monitor.mutex) {
+  char negotiated[sizeof(g_monitor.reason)];
+  snprintf(negotiated, sizeof(negotiated), "%s", g_monitor.reason);
+  Text why{g_monitor.reason, sizeof(g_monitor.reason)};
+  why.add("%s%s", prefix, negotiated);
+}
+
+// MRC_MONITOR=bpf: this process's ring instead of a userfaultfd and its thread, when the programs
+// load, attach and pass the self-test. False, with why in `refusal`, when they do not.
+bool start_bpf_locked(Text *refusal) noexcept MRC_REQUIRES(g_monitor.mutex) {
+  bpf::OwnRing *own = nullptr;
+  if (bpf::OwnRing::open(bpf::OwnRing::kDefaultRingBytes, &own) != MRC_OK) {
+    refusal->add("MRC_MONITOR=bpf unavailable: %s; userfaultfd instead: ", mrc_last_error());
+    return false;
+  }
+  if (const char *failed = allocate_queue_locked()) {
+    own->close();
+    refusal->add("MRC_MONITOR=bpf unavailable: %s; userfaultfd instead: ", failed);
+    return false;
+  }
+  const bpf::Hooks &hooks = own->hooks();
+  Text why{g_monitor.reason, sizeof(g_monitor.reason)};
+  why.add(
+      "eBPF programs at %s, %s and %s report every change into this process's ring; exact "
+      "gets compare its positions (MRC_MONITOR=bpf)",
+      hooks.unmap, hooks.remap, hooks.madvise);
+  g_monitor.own_ring = own;
+  g_monitor.mode.store(MRC_MONITOR_BPF, std::memory_order_relaxed);
+  g_monitor.features = 0;
+  g_monitor.watches.reset(detail::WatchConfig{});
+  MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());
+  g_bpf_ring.store(&own->consumer(), std::memory_order_release);
+  return true;
+}
+
 }  // namespace
 
 void start_locked() noexcept {
   g_monitor.needs_start = false;
+  char refusal_buf[sizeof(g_monitor.reason)] = "";
+  Text refusal{refusal_buf, sizeof(refusal_buf)};
+  if (bpf_wanted() && start_bpf_locked(&refusal)) {
+    g_monitor.negotiated = true;
+    return;
+  }
   Negotiated negotiated = negotiate(g_monitor.reason, sizeof(g_monitor.reason));
   g_monitor.negotiated = true;
+  if (refusal.used > 0) prefix_reason_locked(refusal.buf);
   if (negotiated.fd < 0) {
     become_uncached_locked(negotiated.unavailable);
     return;
@@ -440,19 +494,27 @@ void Monitor::info(mrc_monitor_info_t *out) noexcept {
   if (out == nullptr) return;
   MutexLock hold(g_monitor.mutex);
   if (g_monitor.subscribers == 0) {
-    // Nothing runs: report what a start would choose now.
-    detail::Negotiated probe = detail::negotiate(g_monitor.reason, sizeof(g_monitor.reason));
-    if (probe.fd >= 0) close(probe.fd);
+    // Nothing runs: report what a start would choose now (the eBPF monitor by starting and
+    // stopping it: its self-test is part of the answer).
+    char refusal_buf[sizeof(g_monitor.reason)] = "";
+    detail::Text refusal{refusal_buf, sizeof(refusal_buf)};
+    if (detail::bpf_wanted() && detail::start_bpf_locked(&refusal)) {
+      detail::stop_locked();  // the mode and its reason stay
+    } else {
+      detail::Negotiated probe = detail::negotiate(g_monitor.reason, sizeof(g_monitor.reason));
+      if (probe.fd >= 0) close(probe.fd);
+      if (refusal.used > 0) detail::prefix_reason_locked(refusal.buf);
+      g_monitor.mode.store(probe.mode, std::memory_order_relaxed);
+      g_monitor.features = probe.features;
+    }
     g_monitor.negotiated = true;
-    g_monitor.mode.store(probe.mode, std::memory_order_relaxed);
-    g_monitor.features = probe.features;
   }
   *out = mrc_monitor_info_t{};
   out->mode = static_cast<mrc_monitor_mode_t>(g_monitor.mode.load(std::memory_order_relaxed));
   out->mode_name = detail::mode_name(out->mode);
   snprintf(out->reason, sizeof(out->reason), "%s", g_monitor.reason);
   out->features = g_monitor.features;
-  out->running = g_monitor.running ? 1 : 0;
+  out->running = g_monitor.running || g_monitor.own_ring != nullptr ? 1 : 0;
   out->events = g_monitor.events.load(std::memory_order_relaxed);
   out->watched_bytes = g_monitor.watches.watched_bytes();
   out->vmas_added = g_monitor.watches.vmas_added();

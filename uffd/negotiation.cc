@@ -303,6 +303,9 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
         how);
     return result;
   }
+  // The eBPF monitor was asked for but could not start (start_locked tried it first): the best
+  // userfaultfd mode instead.
+  const Wanted uffd_wanted = wanted.mode == MRC_MONITOR_BPF ? Wanted{} : wanted;
   uint64_t offered = 0;
   if (!probe_features(&offered, &why)) {
     result.unavailable = true;
@@ -312,16 +315,21 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   char failures_buf[192] = "";
   Text failures{failures_buf, sizeof(failures_buf)};
   for (const Candidate &candidate : kCandidates) {
-    if (!wanted.automatic && candidate.mode != wanted.mode) continue;
+    if (!uffd_wanted.automatic && candidate.mode != uffd_wanted.mode) continue;
     const char *how = "";
     if (try_mode(candidate, offered, &result, &how, &failures)) {
-      record_chosen(wanted, env, how, &failures, &result, &why);
+      record_chosen(uffd_wanted, env, how, &failures, &result, &why);
       return result;
     }
   }
   result.unavailable = true;
-  record_none_works(wanted, env, &failures, &why);
+  record_none_works(uffd_wanted, env, &failures, &why);
   return result;
+}
+
+bool bpf_wanted() noexcept {
+  return wanted_mode(getenv("MRC_MONITOR")).mode ==
+         MRC_MONITOR_BPF;  // NOLINT(concurrency-mt-unsafe)
 }
 
 }  // namespace mrc::uffd::detail

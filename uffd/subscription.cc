@@ -49,6 +49,8 @@ DrainResult Subscription::begin_drain() noexcept {
     resync_ = false;
     cursor_.store(resync_to_, std::memory_order_release);
   }
+  // bpf mode: what the ring holds goes into the queue first, so that this drain applies it.
+  if (detail::g_bpf_ring.load(std::memory_order_acquire) != nullptr) detail::feed_bpf_ring();
   queue_->wait_until_idle();
   return DrainResult::Ok;
 }
@@ -60,6 +62,8 @@ DrainResult Subscription::lapped(uint64_t head) noexcept {
 }
 
 Subscription::Unapplied Subscription::unapplied(uintptr_t start, uintptr_t end) const noexcept {
+  const bpf::RingConsumer *ring = detail::g_bpf_ring.load(std::memory_order_acquire);
+  if (ring != nullptr && !ring->quiet()) return Unapplied::Unknown;  // not read yet
   if (queue_->pending() != 0) return Unapplied::Unknown;
   const uint64_t head = queue_->head();
   uint64_t at = cursor_.load(std::memory_order_acquire);

@@ -10,9 +10,10 @@
 //      (internal/monitor_state.h), which guards the subscriber list (prev_, next_) and the
 //      monitor's start and stop. The first subscriber starts the monitor, the last one stops it.
 //      The monitor thread never takes the mutex.
-//   2. quiescent(): any thread, no lock; acquire loads of `pending`, the queue head and the
-//      cursor, paired with the monitor's lowering of `pending` (after publishing) and with
-//      drain()'s release store of the cursor (after the records were applied).
+//   2. quiescent(): any thread, no lock; acquire loads of the eBPF ring's positions (bpf mode),
+//      `pending`, the queue head and the cursor, paired with the monitor's lowering of
+//      `pending` (after publishing) and with drain()'s release store of the cursor (after the
+//      records were applied).
 //   3. drain(): one thread at a time per subscription (the cache holds its own lock).
 //   4. probe_unmaps(), settle_unmaps(), mode(): any thread, no lock; they read the monitor's probe
 //      descriptor (acquire) and mode (relaxed), paired as internal/monitor_state.h says.
@@ -23,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bpf/ring.h"
 #include "mrcache/mrcache.h"
 #include "uffd/internal/probe.h"
 #include "uffd/queue.h"
@@ -53,9 +55,12 @@ class Subscription {
   Subscription(const Subscription &) = delete;
   Subscription &operator=(const Subscription &) = delete;
 
-  // Fast path, any thread, no lock, no syscall: nothing is pending in the monitor and every
-  // record published so far has been applied by this subscription.
+  // Fast path, any thread, no lock, no syscall: nothing is pending in the monitor (in bpf mode:
+  // nothing unread in the ring either) and every record published so far has been applied by
+  // this subscription (docs/DESIGN.md, "The eBPF monitor's mode").
   bool quiescent() const noexcept {
+    const bpf::RingConsumer *ring = detail::g_bpf_ring.load(std::memory_order_acquire);
+    if (ring != nullptr && !ring->quiet()) return false;
     if (queue_->pending() != 0) return false;
     return cursor_.load(std::memory_order_acquire) == queue_->head();
   }

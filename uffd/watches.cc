@@ -38,6 +38,10 @@ bool page_range(uintptr_t start, size_t length, uintptr_t *lo, uintptr_t *hi, ch
   return true;
 }
 
+// The ring, not the mode: a forked child keeps its parent's mode until its own start, but not
+// the ring (and its start is what the mutex path below runs).
+bool bpf_mode() noexcept { return detail::g_bpf_ring.load(std::memory_order_acquire) != nullptr; }
+
 }  // namespace
 
 // The fast path: no lock, no syscall, when the range lies in a registered mapping and in a piece
@@ -50,6 +54,8 @@ WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   uintptr_t lo;
   uintptr_t hi;
   if (!page_range(start, length, &lo, &hi, why, why_len)) return WatchResult::NotMonitorable;
+  // bpf mode watches the whole address space already (docs/DESIGN.md, "The eBPF monitor's mode").
+  if (bpf_mode()) return WatchResult::Watched;
   {
     EpochGuard guard;
     if (g_monitor.internal.quiescent() && g_monitor.watches.try_watch_fast(lo, hi))
@@ -57,6 +63,7 @@ WatchResult watch(uintptr_t start, size_t length, char *why, size_t why_len) {
   }
   MutexLock hold(g_monitor.mutex);
   if (g_monitor.needs_start) start_locked();
+  if (bpf_mode()) return WatchResult::Watched;
   if (!g_monitor.internal.quiescent()) sync_watches_locked();
   WatchResult result = g_monitor.watches.watch(lo, hi, why, why_len);
   if (result == WatchResult::NotMonitorable && g_monitor.watches.wants_room()) {
@@ -85,6 +92,7 @@ void unwatch(uintptr_t start, size_t length) {
 // step); the rest (last watches, which may leave a mapping idle) under one acquisition of the
 // registry mutex per 64 ranges.
 void unwatch_many(const WatchRange *ranges, size_t count) {
+  if (bpf_mode()) return;  // nothing was registered
   constexpr size_t kChunk = 64;
   for (size_t base = 0; base < count; base += kChunk) {
     const size_t chunk = std::min(kChunk, count - base);

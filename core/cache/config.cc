@@ -161,8 +161,8 @@ mrc_status_t apply_environment(mrc_cache_params_t *params, char *errbuf, size_t 
     mrc_monitor_mode_t mode = MRC_MONITOR_UNCACHED;
     if (std::strcmp(value, uffd::detail::kAutoModeSetting) != 0 &&
         !uffd::detail::parse_mode_setting(value, &mode)) {
-      status =
-          bad(errbuf, errlen, "MRC_MONITOR", value, "a mode (auto, wp-async, wp, missing, off)");
+      status = bad(errbuf, errlen, "MRC_MONITOR", value,
+                   "a mode (auto, bpf, wp-async, wp, missing, off)");
     }
   }
   if (const char *value = env("MRC_LOG_LEVEL")) {

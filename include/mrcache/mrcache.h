@@ -287,14 +287,17 @@ typedef enum {
   MRC_MONITOR_WP_ASYNC = 0, /* WP-only with UFFD_FEATURE_WP_ASYNC: any VMA, no faults */
   MRC_MONITOR_WP = 1,       /* WP-only: anonymous, shmem, hugetlbfs */
   MRC_MONITOR_MISSING = 2,  /* MISSING mode, every fault resolved by the monitor */
-  MRC_MONITOR_UNCACHED = 3  /* no userfaultfd: register on get, deregister on last put (also
+  MRC_MONITOR_UNCACHED = 3, /* no userfaultfd: register on get, deregister on last put (also
                                always under valgrind, which runs one thread at a time: an unmap
                                would wait forever for the monitor thread) */
+  MRC_MONITOR_BPF = 4       /* eBPF programs report every change of the address space
+                               into a ring the get checks with plain loads: no watch, no probe;
+                               only when MRC_MONITOR=bpf asks and the kernel allows it */
 } mrc_monitor_mode_t;
 
 typedef struct {
   mrc_monitor_mode_t mode;
-  const char *mode_name;  /* "wp-async", "wp", "missing", "uncached" */
+  const char *mode_name;  /* "wp-async", "wp", "missing", "uncached", "bpf" */
   char reason[256];       /* why this mode (and what a better one would need) */
   uint64_t features;      /* UFFD_FEATURE_* granted by the kernel */
   int running;            /* the monitor thread is up */

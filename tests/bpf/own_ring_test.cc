@@ -6,7 +6,7 @@
 // Where the kernel refuses the programs (this project's development machines: lockdown refuses
 // trampolines) the tests check the refusal's reason and skip the rest, saying so; the
 // soft-RoCE guests' stock kernel runs them, and there MRC_BPF_REQUIRED=1 turns a refusal into
-// a failure (scripts/rxe/bpf-tests.sh).
+// a failure (the bpf step of scripts/rxe/guest-tests.sh).
 #include <gtest/gtest.h>
 #include <liburing.h>
 #include <sys/mman.h>

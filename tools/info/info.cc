@@ -112,13 +112,13 @@ std::vector<Variable> configuration(std::string *problem) {
   std::string monitor_effective = monitor.empty() ? "auto" : monitor;
   if (!monitor.empty()) {
     bool known = false;
-    for (const char *mode : {"auto", "wp-async", "wp", "missing", "off"}) {
+    for (const char *mode : {"auto", "bpf", "wp-async", "wp", "missing", "off"}) {
       known = known || monitor == mode;
     }
     if (!known) monitor_effective = kRefused;
   }
   vars.push_back({"MRC_MONITOR", monitor, monitor_effective,
-                  "auto, wp-async, wp, missing or off (the mode chosen is below)"});
+                  "auto, bpf, wp-async, wp, missing or off (the mode chosen is below)"});
   vars.push_back({"MRC_VERIFY_PFN", env("MRC_VERIFY_PFN"),
                   (params.flags & MRC_FLAG_VERIFY_PFN) != 0
                       ? std::to_string(params.verify_pfn_pages != 0 ? params.verify_pfn_pages : 1) +
@@ -164,6 +164,9 @@ std::vector<std::string> unknown_variables(const std::vector<Variable> &known) {
 // Whether a cache created now gets exactly under concurrent unmaps (mrcache.h, the cache flags).
 std::string gets_mode(mrc_monitor_mode_t mode) {
   if (mode == MRC_MONITOR_UNCACHED) return "uncached: every get registers, so every get is exact";
+  if (mode == MRC_MONITOR_BPF) {
+    return "exact: each get compares the eBPF ring's positions (plain loads, no system call)";
+  }
   mrc_cache_params_t params;
   mrc_cache_params_init(&params);
   if ((params.flags & MRC_FLAG_ORDERED_UNMAPS) != 0) {
@@ -174,7 +177,10 @@ std::string gets_mode(mrc_monitor_mode_t mode) {
 
 std::string better_mode(mrc_monitor_mode_t mode) {
   switch (mode) {
-    case MRC_MONITOR_WP_ASYNC: return "none: wp-async is the best mode";
+    case MRC_MONITOR_BPF: return "none: bpf is the best mode";
+    case MRC_MONITOR_WP_ASYNC:
+      return "bpf (MRC_MONITOR=bpf) needs root and a kernel that runs eBPF trampoline programs "
+             "(fentry; not under lockdown); among userfaultfd modes, wp-async is the best";
     case MRC_MONITOR_WP:
       return "wp-async needs Linux 6.7+ (UFFD_FEATURE_WP_ASYNC); it also watches file-backed "
              "and SysV shm mappings";

@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "base/mutex.h"
+#include "bpf/own_ring.h"
 #include "mrcache/mrcache.h"
 #include "uffd/internal/watch_table.h"
 #include "uffd/queue.h"
@@ -119,6 +120,12 @@ struct MonitorState {
 
   WatchTable watches;
 
+  // bpf mode: this process's ring (g_bpf_ring is its consumer), null in the other modes.
+  bpf::OwnRing *own_ring MRC_GUARDED_BY(mutex) = nullptr;
+  // The queue's producer in bpf mode: whichever drain feeds the ring into it holds this
+  // (feed_bpf_ring). Taken under a cache's mutex, never with the registry mutex held.
+  Mutex feed_mutex;
+
   // Subscription internals (MonitorState is its friend).
   static void attach(Subscription *subscription, uint64_t head) noexcept {
     subscription->cursor_.store(head, std::memory_order_relaxed);
@@ -142,6 +149,10 @@ extern std::atomic<bool> g_paused;
 // nullptr in every program that did not install it, so libmrcache alone never drops anything.
 // Constant-initialised: a test program installs it during static initialisation.
 extern constinit std::atomic<bool (*)()> g_drop_events;
+
+// bpf mode: moves every committed record of the ring into the queue, as the monitor thread
+// publishes the userfaultfd's (bpf_feed.cc). Any thread; takes feed_mutex.
+void feed_bpf_ring() noexcept;
 
 // The monitor thread's body (monitor_thread.cc); arg: the MonitorRun.
 void *monitor_main(void *arg);

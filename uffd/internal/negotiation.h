@@ -44,7 +44,10 @@ struct Negotiated {
   bool probe_ok = false;     // the unmap probe answers (exact gets can trust the table)
 };
 
-// Chooses the best mode allowed by MRC_MONITOR, the kernel and the sandbox; writes why.
+// Chooses the best userfaultfd mode allowed by MRC_MONITOR, the kernel and the sandbox; writes
+// why. MRC_MONITOR=bpf counts as auto here: the eBPF monitor is tried before (monitor.cc).
 Negotiated negotiate(char *reason, size_t reason_len) noexcept;
+// Whether MRC_MONITOR asks for the eBPF monitor.
+bool bpf_wanted() noexcept;
 
 }  // namespace mrc::uffd::detail

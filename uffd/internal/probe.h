@@ -15,6 +15,10 @@
 #include <atomic>
 #include <cerrno>
 
+namespace mrc::bpf {
+class RingConsumer;
+}  // namespace mrc::bpf
+
 namespace mrc::uffd::detail {
 
 enum class ProbeAnswer { Clear, Changing, Refused };
@@ -28,6 +32,12 @@ inline constexpr int kProbeRefused = -2;
 // watched, kProbeNoMonitor before the descriptor is closed; it changes only while no cache
 // exists, or in a forked child. Defined in monitor.cc, beside g_monitor.
 extern std::atomic<int> g_probe_fd;
+
+// The eBPF monitor's ring (bpf/ring.h) while it is the mode, else null: the exactness check of
+// that mode, which needs no probe. Same rules as g_probe_fd (stored with release before any
+// subscription reads it, null before the ring is closed, changed only while no cache exists or
+// in a forked child). Defined in monitor.cc.
+extern std::atomic<bpf::RingConsumer *> g_bpf_ring;
 
 // The kernel counts changes of watched memory in ctx->mmap_changing: raised inside the mmap
 // lock before an unmap, a moving or shrinking mremap, or a madvise(DONTNEED/FREE/REMOVE) takes
