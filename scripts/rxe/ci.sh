@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # scripts/rxe/ci.sh: the rxe soft-RoCE CI lanes. The host kernel has no RDMA stack, so the verbs tests
-# run in QEMU guests with rdma_rxe (scripts/rxe/vm.sh) against the host's own build.
+# run in QEMU guests with rdma_rxe (scripts/rxe/vm.sh) against the host's own build; so do the
+# eBPF monitor's, whose programs the host kernel refuses and the guest's stock kernel loads.
 #
-#   scripts/rxe/ci.sh            one guest: the verbs tests (as root: it installs Debian
-#                                packages on first use)
+#   scripts/rxe/ci.sh            one guest: the verbs and eBPF monitor tests (as root: it
+#                                installs Debian packages on first use)
 #   scripts/rxe/ci.sh --pair     two guests on one private wire: mrcache-mpi across them
 #
 # 1. scripts/rxe/vm.sh setup + build: host packages, guest kernel, initramfs (cached).
 # 2. The project build: build/ when it is configured (.ci/run builds it first; brought up to
 #    date here, a no-op then), else build-rxe/ configured Release without the benchmarks.
 #    MRC_RXE_BUILD_DIR=DIR picks another one (configured here when it is not yet). Only what
-#    the guests run is built: the test programs labelled verbs, mrcache-stress, and where
-#    libfabric-dev is installed mrcache-fi-oracle and the libfabric plugin libmrcache-fi.so; with
-#    --pair, mrcache-mpi (and UCX's rcache module where libucx-dev is installed, and the
-#    libfabric plugin for the NetPIPE step where libfabric-dev is).
+#    the guests run is built: the test programs labelled verbs or bpf, mrcache-stress, and where
+#    libfabric-dev is installed mrcache-fi-oracle and the libfabric plugin libmrcache-fi.so (the
+#    eBPF monitor's programs, BUILD/bpf/changes.bpf.o, come with the library where clang,
+#    bpftool and libbpf-dev were installed at configure time; the line `eBPF programs:` says
+#    whether they are here); with --pair, mrcache-mpi (and UCX's rcache module where libucx-dev
+#    is installed, and the libfabric plugin for the NetPIPE step where libfabric-dev is).
 # 3. scripts/rxe/selfcheck.c compiled into BUILD/rxe-selfcheck/.
 # 4. One guest, BUILD shared read-write: scripts/rxe/guest-tests.sh BUILD (sanity, self-check,
 #    ctest -L verbs which must select at least one test, mrcache-stress --backend verbs, the
 #    fi-oracle matrix: libfabric's own MR cache under each monitor, mrcache's plugin included;
-#    Debian's fi_pingpong under libfabric's default monitor and mrcache's).
+#    Debian's fi_pingpong under libfabric's default monitor and mrcache's; ctest -L bpf with
+#    MRC_BPF_REQUIRED=1, which must select at least one test, where the build has the eBPF
+#    programs: skipped where it has not, a failure with MRC_RXE_BPF_REQUIRED=1).
 #    --pair: `scripts/rxe/vm.sh pair`, nodea running scripts/rxe/pair-tests.sh BUILD (stress
 #    with remote oracles, 1 and 2 ranks per node; the rendezvous benchmark and its report;
 #    NetPIPE over Open MPI's mtl/ofi under Open MPI's monitor and mrcache's);
@@ -27,13 +32,28 @@
 # The last line is `RXE-LANE: PASS|FAIL (...)`; the exit status is non-zero on any failure.
 #
 # Environment: MRC_RXE_BUILD_DIR, MRC_JOBS [2], MRC_RXE_TIMEOUT [600] (bound on the guest run,
-# seconds), RXEVM_* for scripts/rxe/vm.sh, MRC_PAIR_* for scripts/rxe/pair-tests.sh.
+# seconds), RXEVM_* for scripts/rxe/vm.sh, MRC_PAIR_* for scripts/rxe/pair-tests.sh,
+# MRC_RXE_BPF_REQUIRED [1 when CI=true (.ci/run sets it), else 0]: 1 makes a build without the
+# eBPF programs fail the guest's bpf step instead of skipping it. That is the caller's policy,
+# not read from the build: what the build could tell (its CMakeCache.txt has no MRC_BPF_ENABLED,
+# only the tools it found) says the programs are missing, never that they should be there. In
+# .ci/run they should: scripts/setup.sh installs bpftool and libbpf-dev and the thread-safety
+# lane clang before the test lane configures build/, so a build without them there is a lost
+# toolchain, which fails the lane instead of skipping the step unseen. (MRC_CI_LANES=rxe alone
+# on a machine without clang therefore fails that step: MRC_RXE_BPF_REQUIRED=0 skips it.)
+# The guest starts with an empty environment (scripts/rxe/vm.sh): the variable reaches
+# scripts/rxe/guest-tests.sh on its command line.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VM=$ROOT/scripts/rxe/vm.sh
 JOBS=${MRC_JOBS:-2}
 GUEST_TIMEOUT=${MRC_RXE_TIMEOUT:-600}
+if [ "${CI:-}" = true ]; then
+  BPF_REQUIRED=${MRC_RXE_BPF_REQUIRED:-1}
+else
+  BPF_REQUIRED=${MRC_RXE_BPF_REQUIRED:-0}
+fi
 PAIR=0
 case ${1:-} in
   --pair) PAIR=1 ;;
@@ -71,8 +91,9 @@ configure_build_dir() {
 }
 
 # What the guest runs, and nothing else (benchmarks, header checks, other tools and tests are
-# not this lane's job): the GoogleTest programs whose tests carry the verbs label, found on their
-# post-build discovery command (-D "TEST_PROPERTIES=LABELS;backend,verbs"), plus mrcache-stress,
+# not this lane's job): the GoogleTest programs whose tests carry the verbs or the bpf label,
+# found on their post-build discovery command (-D "TEST_PROPERTIES=LABELS;backend,verbs"; the
+# eBPF programs come with the library they link), plus mrcache-stress,
 # plus mrcache-fi-oracle and libmrcache-fi.so when configured (they are not without libfabric).
 # When no program is found that way (a label mechanism this does not know), every program under
 # tests/ is built: slower, never wrong, and ctest still fails when it selects nothing.
@@ -83,16 +104,17 @@ needed_targets() {
       awk -F': ' '$1 ~ /(^|\/)(mrcache-(mpi|ucx-rcache\.so)|libmrcache-fi\.so)$/ { print $1 }'
     return
   fi
-  local programs verbs
+  local programs labelled
   ninja -C "$BUILD" -t targets all |
     awk -F': ' '$1 ~ /(^|\/)(mrcache-fi-oracle|libmrcache-fi\.so)$/ { print $1 }' | sort -u
   programs=$(ninja -C "$BUILD" -t targets all | awk -F': ' '
     $2 ~ /^(C|CXX)_EXECUTABLE_LINKER__/ && $1 !~ /_tests\.cmake$/ &&
       ($1 ~ /^tests\// || $1 ~ /(^|\/)mrcache-stress$/) { print $1 }' | sort -u)
-  verbs=$(grep -oE -- '-D TEST_TARGET=[^ ]+ .*-D "TEST_PROPERTIES=LABELS;([^"]*[;,])?verbs[,;"]' \
+  labelled=$(grep -oE -- \
+    '-D TEST_TARGET=[^ ]+ .*-D "TEST_PROPERTIES=LABELS;([^"]*[;,])?(verbs|bpf)[,;"]' \
     "$BUILD/build.ninja" | sed -E 's/^-D TEST_TARGET=([^ ]+) .*/\1/' | sort -u || true)
-  if [ -n "$verbs" ]; then
-    echo "$verbs"
+  if [ -n "$labelled" ]; then
+    echo "$labelled"
     grep -E '(^|/)mrcache-stress$' <<<"$programs" || true
   else
     echo "$programs"
@@ -130,6 +152,15 @@ project_build() {
   if [ $PAIR = 1 ] && [ ! -x "$BUILD/tools/mpi/mrcache-mpi" ]; then
     lane_fail "no mrcache-mpi in $BUILD (configure says why: no libopenmpi-dev, or MRC_WITH_VERBS=OFF)"
   fi
+  if [ $PAIR = 1 ]; then
+    :  # the pair runs no eBPF test
+  elif [ -f "$BUILD/bpf/changes.bpf.o" ]; then
+    echo "eBPF programs: $BUILD/bpf/changes.bpf.o (the guest's bpf step runs them)"
+  else
+    echo "eBPF programs: none in $BUILD (configured without clang, bpftool or libbpf-dev):" \
+      "the guest's bpf step $([ "$BPF_REQUIRED" = 1 ] && echo fails || echo skips)" \
+      "(MRC_RXE_BPF_REQUIRED=$BPF_REQUIRED)"
+  fi
   mkdir -p "$BUILD/rxe-selfcheck"
   gcc -std=c11 -O2 -Wall -Wextra -Wshadow -Wconversion -Wformat=2 -Wstrict-prototypes -Werror \
     -o "$BUILD/rxe-selfcheck/rxe_selfcheck" "$ROOT/scripts/rxe/selfcheck.c" -libverbs
@@ -158,7 +189,8 @@ if [ $PAIR = 1 ]; then
   done
   rm -f "$pair_log"
 else
-  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- bash "$ROOT/scripts/rxe/guest-tests.sh" "$BUILD"
+  "$VM" run --rw "$BUILD" --timeout "$GUEST_TIMEOUT" -- env MRC_RXE_BPF_REQUIRED="$BPF_REQUIRED" \
+    bash "$ROOT/scripts/rxe/guest-tests.sh" "$BUILD"
 fi
 rc=$?
 set -e

@@ -21,6 +21,13 @@
 #              both must complete, and the mrcache run must import mrcache's monitor and report
 #              subscribes; prints both runs' figures and their ratio. Skipped (exit 77, a note)
 #              when fi_pingpong or libmrcache-fi.so is missing.
+#   bpf        ctest -L bpf in BUILD_DIR with MRC_BPF_REQUIRED=1 (the eBPF monitor's tests, whose
+#              programs this stock kernel loads: a refusal fails them instead of skipping),
+#              when BUILD_DIR has the programs (bpf/changes.bpf.o); running zero tests is a
+#              FAILURE. Without the programs (configured without clang, bpftool or libbpf-dev):
+#              a FAILURE when MRC_RXE_BPF_REQUIRED=1 (scripts/rxe/ci.sh sets it under CI),
+#              else skipped (exit 77, a note). Last: every other step has run before the
+#              programs are attached to this kernel.
 # shellcheck disable=SC2317  # the step functions are called through `step`
 set -uo pipefail
 
@@ -35,6 +42,7 @@ stress_seconds=${MRC_RXE_STRESS_SECONDS:-20}
 # fi_pingpong runs, "SIZE:ITERATIONS" each: both above FI_OFI_RXM_SAR_LIMIT, so rendezvous.
 read -r -a pingpong_runs <<<"${MRC_RXE_PINGPONG_RUNS:-65536:100 1048576:20}"
 ctest_timeout=${MRC_RXE_CTEST_TIMEOUT:-300}
+bpf_required=${MRC_RXE_BPF_REQUIRED:-0}
 
 declare -a summary=()
 failed=0
@@ -218,12 +226,38 @@ fi_pingpong_step() {
   return "$rc"
 }
 
+bpf_ctest() {
+  local out=/tmp/rxe-lane-bpf.log rc
+  if [ ! -f "$build/bpf/changes.bpf.o" ]; then
+    if [ "$bpf_required" = 1 ]; then
+      echo "$build has no eBPF programs (bpf/changes.bpf.o) and MRC_RXE_BPF_REQUIRED=1:" \
+        "it was configured without clang, bpftool or libbpf-dev (cmake's line" \
+        "\"eBPF monitor:\" says which)"
+      return 1
+    fi
+    echo "note: $build has no eBPF programs (bpf/changes.bpf.o): configured without clang," \
+      "bpftool or libbpf-dev: step skipped"
+    return 77
+  fi
+  # As in verbs_ctest: bpf as a whole element of the comma-joined label ("unit,bpf").
+  MRC_BPF_REQUIRED=1 ctest --test-dir "$build" -L '(^|,)bpf(,|$)' --output-on-failure \
+    --no-tests=error --timeout "$ctest_timeout" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if grep -q 'No tests were found' "$out"; then
+    echo "ctest -L bpf selected no test: the eBPF monitor's tests are not built" \
+      "(or lost their label)"
+    return 1
+  fi
+  return "$rc"
+}
+
 step sanity sanity
 step selfcheck selfcheck
 step "ctest -L verbs" verbs_ctest
 step "mrcache-stress --backend verbs" stress
 step fi-oracle fi_oracle
 step fi-pingpong fi_pingpong_step
+step bpf bpf_ctest
 
 echo "=== rxe-lane summary"
 printf '  %s\n' "${summary[@]}"
