@@ -10,24 +10,21 @@
 /* u64 counters per client in the lost array: each client's counter on a cache line of its own. */
 #define MRC_BPF_LOST_STRIDE 8
 
-/* What changed. Every range is [start, end), page-aligned; end ~0: to the top. */
-enum mrc_bpf_change_kind {
-  MRC_BPF_CHANGE_UNMAP = 1,   /* munmap, brk shrink, shmdt, MAP_FIXED over, an mremap's unmaps */
-  MRC_BPF_CHANGE_REMAP = 2,   /* mremap: the old range (moved, shrunk, DONTUNMAP) */
-  MRC_BPF_CHANGE_MADVISE = 3, /* madvise, process_madvise, io_uring: pages dropped; aux = advice */
-  MRC_BPF_CHANGE_PURGE = 6    /* a change whose range could not be read: everything */
-};
+/* What changed (mrc_bpf_change.kind). Every range is [start, end), page-aligned; end ~0: to the
+ * top. Macros, not an enum: the BPF programs' C and the library's C++ read the same values. */
+#define MRC_BPF_CHANGE_UNMAP 1   /* munmap, brk shrink, shmdt, MAP_FIXED over, mremap's unmaps */
+#define MRC_BPF_CHANGE_REMAP 2   /* mremap: the old range (moved, shrunk, DONTUNMAP) */
+#define MRC_BPF_CHANGE_MADVISE 3 /* madvise, process_madvise, io_uring: pages dropped; aux = advice */
+#define MRC_BPF_CHANGE_PURGE 6   /* a change whose range could not be read: everything */
 
-/* Which program wrote a record (mrc_bpf_change.aux for the unmap and remap kinds). */
-enum mrc_bpf_hook {
-  MRC_BPF_HOOK_GATHER_MUNMAP = 1,
-  MRC_BPF_HOOK_ALIGN_MUNMAP = 2,
-  MRC_BPF_HOOK_DO_MREMAP = 3,
-  MRC_BPF_HOOK_SYS_MREMAP = 4
-};
+/* Which program wrote an unmap or remap record (mrc_bpf_change.aux). */
+#define MRC_BPF_HOOK_GATHER_MUNMAP 1
+#define MRC_BPF_HOOK_ALIGN_MUNMAP 2
+#define MRC_BPF_HOOK_DO_MREMAP 3
+#define MRC_BPF_HOOK_SYS_MREMAP 4
 
 struct mrc_bpf_change {
-  unsigned int kind; /* enum mrc_bpf_change_kind */
+  unsigned int kind; /* MRC_BPF_CHANGE_* */
   unsigned int aux;
   unsigned long long start;
   unsigned long long end;

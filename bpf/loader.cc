@@ -44,7 +44,9 @@ constexpr HookCandidate kMadviseHooks[] = {
 // libbpf's first warning while loading: what a refusal's reason quotes.
 thread_local char tls_libbpf_message[192];
 
-int keep_libbpf_message(enum libbpf_print_level level, const char *format, va_list args) {
+// libbpf's printer signature: the format is libbpf's own.
+__attribute__((format(printf, 2, 0))) int keep_libbpf_message(enum libbpf_print_level level,
+                                                              const char *format, va_list args) {
   if (level == LIBBPF_DEBUG || tls_libbpf_message[0] != '\0') return 0;
   char line[sizeof tls_libbpf_message];
   if (vsnprintf(line, sizeof line, format, args) <= 1) return 0;
@@ -58,10 +60,10 @@ int keep_libbpf_message(enum libbpf_print_level level, const char *format, va_li
 
 // Keeps the first candidate the kernel has, turns the others' autoload off. False (and the
 // reason) when the kernel has none.
-template <size_t N>
+template <size_t kCount>
 bool choose(changes *skeleton, const btf *kernel, const char *kind,
-            const HookCandidate (&candidates)[N], const char **chosen) noexcept {
-  static_assert(N == 2, "the reason below names two candidates");
+            const HookCandidate (&candidates)[kCount], const char **chosen) noexcept {
+  static_assert(kCount == 2, "the reason below names two candidates");
   *chosen = nullptr;
   for (const HookCandidate &candidate : candidates) {
     const bool present = *chosen == nullptr &&
@@ -78,13 +80,15 @@ bool choose(changes *skeleton, const btf *kernel, const char *kind,
 mrc_status_t refused(const char *step, int error) noexcept {
   const char *hint = "";
   if (error == EPERM) {
-    hint = geteuid() == 0 ? " (the kernel refuses trampoline programs: lockdown, or no BPF JIT)"
+    hint = geteuid() == 0 ? " (the kernel refuses trampoline programs: lockdown?)"
                           : " (needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)";
   } else if (error == ESRCH || error == ENOENT) {
     hint = " (a hook the programs name is not in this kernel)";
   }
+  // EPERM's hint says it all; libbpf's words help with the rest.
+  const bool quote = error != EPERM && tls_libbpf_message[0] != '\0';
   set_last_error("bpf monitor: %s: %s%s%s%s", step, strerrorname_np(error), hint,
-                 tls_libbpf_message[0] != '\0' ? "; libbpf: " : "", tls_libbpf_message);
+                 quote ? "; libbpf: " : "", quote ? tls_libbpf_message : "");
   return MRC_ERR_UNSUPPORTED;
 }
 

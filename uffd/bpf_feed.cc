@@ -48,8 +48,8 @@ void feed_bpf_ring() noexcept {
   InvalidationQueue &queue = g_monitor.queue;
   queue.begin_batch();
   uint64_t published = 0;
-  const auto append = [&queue, &published](const bpf::ChangeRecord &record) {
-    queue.append(invalidation_of(record));
+  const auto append = [&published](const bpf::ChangeRecord &record) {
+    g_monitor.queue.append(invalidation_of(record));
     ++published;
   };
   bpf::RingConsumer::Drained drained = ring->drain(append);

@@ -25,6 +25,7 @@
 #include "base/proc_maps.h"
 #include "base/sized.h"
 #include "base/ticks.h"
+#include "bpf/protocol.h"
 #include "uffd/internal/kernel.h"
 #include "uffd/internal/monitor_state.h"
 #include "uffd/internal/negotiation.h"
@@ -70,11 +71,15 @@ void close_run_locked(bool in_forked_child = false) noexcept MRC_REQUIRES(g_moni
   // itself if it ran (and the number may belong to someone else by now).
   g_probe_fd.store(kProbeNoMonitor, std::memory_order_relaxed);
   g_bpf_ring.store(nullptr, std::memory_order_relaxed);
-  if (g_monitor.own_ring != nullptr) {
-    // A forked child's changes reach no ring: it forgets its parent's, and must not close it
-    // (that would end the parent's registration with the programs it shares).
-    if (!in_forked_child) g_monitor.own_ring->close();
-    g_monitor.own_ring = nullptr;
+  if (g_monitor.bpf_ring != nullptr) {
+    // A forked child's changes reach no ring: it forgets its copy of its parent's, which ends
+    // nothing of the parent's registration.
+    if (in_forked_child) {
+      g_monitor.bpf_ring->forget();
+    } else {
+      g_monitor.bpf_ring->close();
+    }
+    g_monitor.bpf_ring = nullptr;
   }
   if (g_monitor.uffd >= 0 && !g_monitor.run.closed_uffd) close(g_monitor.uffd);
   g_monitor.uffd = -1;
@@ -328,31 +333,59 @@ void prefix_reason_locked(const char *prefix) noexcept MRC_REQUIRES(g_monitor.mu
   why.add("%s%s", prefix, negotiated);
 }
 
-// MRC_MONITOR=bpf: this process's ring instead of a userfaultfd and its thread, when the programs
-// load, attach and pass the self-test. False, with why in `refusal`, when they do not.
+// The eBPF monitor's ring: from mrcache-bpfd when its socket exists, else (MRC_MONITOR=bpf
+// only) from programs this process loads itself. False, with why in `refusal`, when neither
+// works; for `auto` a missing socket is no refusal, only the absence of the mode.
+bool open_bpf_ring(bool asked, Text *refusal, bpf::ProcessRing **out) noexcept {
+  const char *socket_path = getenv("MRC_BPFD_SOCKET");  // NOLINT(concurrency-mt-unsafe)
+  if (socket_path == nullptr || *socket_path == '\0') socket_path = bpf::kDefaultSocket;
+  const bool daemon_here = access(socket_path, F_OK) == 0;
+  if (daemon_here) {
+    if (bpf::ProcessRing::open_from_daemon(socket_path, 0, out) == MRC_OK) return true;
+    refusal->add("%s; ", mrc_last_error());
+  }
+  if (!asked) return false;
+  if (bpf::ProcessRing::open_own(bpf::ProcessRing::kDefaultRingBytes, out) == MRC_OK) return true;
+  if (!daemon_here) refusal->add("no daemon at %s; ", socket_path);
+  refusal->add("%s; ", mrc_last_error());
+  return false;
+}
+
+// The eBPF monitor instead of a userfaultfd and its thread: MRC_MONITOR=bpf, or auto where the
+// daemon serves. False, with why in `refusal` (empty when auto found no daemon), otherwise.
 bool start_bpf_locked(Text *refusal) noexcept MRC_REQUIRES(g_monitor.mutex) {
-  bpf::OwnRing *own = nullptr;
-  if (bpf::OwnRing::open(bpf::OwnRing::kDefaultRingBytes, &own) != MRC_OK) {
-    refusal->add("MRC_MONITOR=bpf unavailable: %s; userfaultfd instead: ", mrc_last_error());
+  const bool asked = bpf_wanted();
+  if (!asked && !auto_wanted()) return false;
+  char why_buf[sizeof(g_monitor.reason)] = "";
+  Text why_not{why_buf, sizeof(why_buf)};
+  bpf::ProcessRing *ring = nullptr;
+  const bool opened = open_bpf_ring(asked, &why_not, &ring);
+  const char *failed = opened ? allocate_queue_locked() : nullptr;
+  if (!opened || failed != nullptr) {
+    if (failed != nullptr) {
+      ring->close();
+      why_not.add("%s; ", failed);
+    }
+    if (why_not.used > 0) {
+      refusal->add("%s unavailable: %suserfaultfd instead: ", asked ? "MRC_MONITOR=bpf" : "bpf",
+                   why_not.buf);
+    }
     return false;
   }
-  if (const char *failed = allocate_queue_locked()) {
-    own->close();
-    refusal->add("MRC_MONITOR=bpf unavailable: %s; userfaultfd instead: ", failed);
-    return false;
-  }
-  const bpf::Hooks &hooks = own->hooks();
+  const bpf::Hooks hooks = ring->hooks();
   Text why{g_monitor.reason, sizeof(g_monitor.reason)};
   why.add(
-      "eBPF programs at %s, %s and %s report every change into this process's ring; exact "
-      "gets compare its positions (MRC_MONITOR=bpf)",
-      hooks.unmap, hooks.remap, hooks.madvise);
-  g_monitor.own_ring = own;
+      "eBPF programs at %s, %s and %s report every change into this process's ring%s; "
+      "exact gets compare its positions%s",
+      hooks.unmap, hooks.remap, hooks.madvise,
+      ring->from_daemon() ? " (from mrcache-bpfd)" : " (loaded by this process)",
+      asked ? " (MRC_MONITOR=bpf)" : "");
+  g_monitor.bpf_ring = ring;
   g_monitor.mode.store(MRC_MONITOR_BPF, std::memory_order_relaxed);
   g_monitor.features = 0;
   g_monitor.watches.reset(detail::WatchConfig{});
   MonitorState::attach(&g_monitor.internal, g_monitor.queue.head());
-  g_bpf_ring.store(&own->consumer(), std::memory_order_release);
+  g_bpf_ring.store(&ring->consumer(), std::memory_order_release);
   return true;
 }
 
@@ -362,7 +395,7 @@ void start_locked() noexcept {
   g_monitor.needs_start = false;
   char refusal_buf[sizeof(g_monitor.reason)] = "";
   Text refusal{refusal_buf, sizeof(refusal_buf)};
-  if (bpf_wanted() && start_bpf_locked(&refusal)) {
+  if (start_bpf_locked(&refusal)) {
     g_monitor.negotiated = true;
     return;
   }
@@ -498,7 +531,7 @@ void Monitor::info(mrc_monitor_info_t *out) noexcept {
     // stopping it: its self-test is part of the answer).
     char refusal_buf[sizeof(g_monitor.reason)] = "";
     detail::Text refusal{refusal_buf, sizeof(refusal_buf)};
-    if (detail::bpf_wanted() && detail::start_bpf_locked(&refusal)) {
+    if (detail::start_bpf_locked(&refusal)) {
       detail::stop_locked();  // the mode and its reason stay
     } else {
       detail::Negotiated probe = detail::negotiate(g_monitor.reason, sizeof(g_monitor.reason));
@@ -514,7 +547,7 @@ void Monitor::info(mrc_monitor_info_t *out) noexcept {
   out->mode_name = detail::mode_name(out->mode);
   snprintf(out->reason, sizeof(out->reason), "%s", g_monitor.reason);
   out->features = g_monitor.features;
-  out->running = g_monitor.running || g_monitor.own_ring != nullptr ? 1 : 0;
+  out->running = g_monitor.running || g_monitor.bpf_ring != nullptr ? 1 : 0;
   out->events = g_monitor.events.load(std::memory_order_relaxed);
   out->watched_bytes = g_monitor.watches.watched_bytes();
   out->vmas_added = g_monitor.watches.vmas_added();

@@ -327,9 +327,15 @@ Negotiated negotiate(char *reason, size_t reason_len) noexcept {
   return result;
 }
 
+// getenv: no thread of ours calls setenv.
 bool bpf_wanted() noexcept {
-  return wanted_mode(getenv("MRC_MONITOR")).mode ==
-         MRC_MONITOR_BPF;  // NOLINT(concurrency-mt-unsafe)
+  const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe)
+  return wanted_mode(env).mode == MRC_MONITOR_BPF;
+}
+
+bool auto_wanted() noexcept {
+  const char *env = getenv("MRC_MONITOR");  // NOLINT(concurrency-mt-unsafe)
+  return wanted_mode(env).automatic;
 }
 
 }  // namespace mrc::uffd::detail

@@ -7,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "bpf/server.h"
 #include "tests/uffd/helpers.h"
 
 namespace mrc::uffd::test {
@@ -45,11 +48,38 @@ TEST(BpfMode, FallsBackToUserfaultfdAndSaysWhyWhereTheProgramsCannotRun) {
   EXPECT_FALSE(bpf_required()) << "MRC_BPF_REQUIRED=1, but: " << running.reason;
   for (const mrc_monitor_info_t &info : {before, running}) {
     EXPECT_NE(info.mode, MRC_MONITOR_BPF);
-    EXPECT_EQ(std::string(info.reason).rfind("MRC_MONITOR=bpf unavailable: bpf monitor", 0), 0U)
+    EXPECT_EQ(std::string(info.reason).rfind("MRC_MONITOR=bpf unavailable: ", 0), 0U)
         << info.reason;
     EXPECT_NE(std::string(info.reason).find("userfaultfd instead: "), std::string::npos)
         << info.reason;
   }
+}
+
+TEST(BpfMode, AutoTakesTheDaemonsRingWhereOneServes) {
+  char directory[] = "/tmp/mrc-bpfd-auto-XXXXXX";
+  ASSERT_NE(mkdtemp(directory), nullptr);
+  const std::string socket_path = std::string(directory) + "/bpfd.sock";
+  bpf::Server *server = nullptr;
+  if (bpf::Server::start(socket_path.c_str(), bpf::ServerLimits{}, &server) != MRC_OK) {
+    const std::string why = mrc_last_error();
+    rmdir(directory);
+    if (bpf_required()) FAIL() << "MRC_BPF_REQUIRED=1 but the daemon could not start: " << why;
+    GTEST_SKIP() << "the daemon cannot run here: " << why;
+  }
+  std::atomic<bool> stop{false};
+  std::thread serving([&] { server->serve(stop); });
+  {
+    ScopedEnv automatic("MRC_MONITOR", nullptr);
+    ScopedEnv daemon("MRC_BPFD_SOCKET", socket_path.c_str());
+    ScopedSubscription subscription;
+    EXPECT_EQ(subscription->mode(), MRC_MONITOR_BPF) << monitor_info().reason;
+    EXPECT_NE(std::string(monitor_info().reason).find("from mrcache-bpfd"), std::string::npos)
+        << monitor_info().reason;
+  }
+  stop.store(true);
+  serving.join();
+  server->close();
+  rmdir(directory);
 }
 
 class BpfModeRuns : public ::testing::Test {

@@ -37,7 +37,7 @@
 #include <cstdint>
 
 #include "base/mutex.h"
-#include "bpf/own_ring.h"
+#include "bpf/process_ring.h"
 #include "mrcache/mrcache.h"
 #include "uffd/internal/watch_table.h"
 #include "uffd/queue.h"
@@ -121,7 +121,7 @@ struct MonitorState {
   WatchTable watches;
 
   // bpf mode: this process's ring (g_bpf_ring is its consumer), null in the other modes.
-  bpf::OwnRing *own_ring MRC_GUARDED_BY(mutex) = nullptr;
+  bpf::ProcessRing *bpf_ring MRC_GUARDED_BY(mutex) = nullptr;
   // The queue's producer in bpf mode: whichever drain feeds the ring into it holds this
   // (feed_bpf_ring). Taken under a cache's mutex, never with the registry mutex held.
   Mutex feed_mutex;

@@ -47,7 +47,9 @@ struct Negotiated {
 // Chooses the best userfaultfd mode allowed by MRC_MONITOR, the kernel and the sandbox; writes
 // why. MRC_MONITOR=bpf counts as auto here: the eBPF monitor is tried before (monitor.cc).
 Negotiated negotiate(char *reason, size_t reason_len) noexcept;
-// Whether MRC_MONITOR asks for the eBPF monitor.
+// Whether MRC_MONITOR asks for the eBPF monitor; whether it leaves the choice to us (auto,
+// unset, or a value not understood).
 bool bpf_wanted() noexcept;
+bool auto_wanted() noexcept;
 
 }  // namespace mrc::uffd::detail

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "bpf/own_ring.h"
+#include "bpf/process_ring.h"
 
 namespace mrc::bpf {
 namespace {
@@ -34,9 +34,9 @@ bool required() {
 }
 
 // Opens this process's ring, or explains (and checks the explanation of) why it cannot.
-OwnRing *open_or_explain(size_t ring_bytes = OwnRing::kDefaultRingBytes) {
-  OwnRing *own = nullptr;
-  const mrc_status_t status = OwnRing::open(ring_bytes, &own);
+ProcessRing *open_or_explain(size_t ring_bytes = ProcessRing::kDefaultRingBytes) {
+  ProcessRing *own = nullptr;
+  const mrc_status_t status = ProcessRing::open_own(ring_bytes, &own);
   if (status == MRC_OK) return own;
   const std::string why = mrc_last_error();
   EXPECT_EQ(status, MRC_ERR_UNSUPPORTED) << why;
@@ -47,7 +47,7 @@ OwnRing *open_or_explain(size_t ring_bytes = OwnRing::kDefaultRingBytes) {
 }
 
 #define OPEN_OR_SKIP(own, ...)                                                                  \
-  OwnRing *own = open_or_explain(__VA_ARGS__);                                                  \
+  ProcessRing *own = open_or_explain(__VA_ARGS__);                                              \
   if ((own) == nullptr) {                                                                       \
     GTEST_SKIP() << "this kernel or process cannot run the eBPF monitor: " << mrc_last_error(); \
   }
@@ -59,7 +59,7 @@ struct Seen {
 };
 
 // Every record now in the ring (the changes were made by calls that returned).
-std::vector<Seen> drain_all(OwnRing *own) {
+std::vector<Seen> drain_all(ProcessRing *own) {
   std::vector<Seen> seen;
   for (int tries = 0; tries < 1000; ++tries) {
     const RingConsumer::Drained drained = own->consumer().drain([&](const ChangeRecord &record) {
@@ -97,9 +97,9 @@ uint8_t *map_touched(size_t bytes) {
   return child;
 }
 
-TEST(OwnRing, LoadsOrSaysWhy) {
+TEST(ProcessRing, LoadsOrSaysWhy) {
   OPEN_OR_SKIP(own);
-  const Hooks &hooks = own->hooks();
+  const Hooks hooks = own->hooks();
   ASSERT_NE(hooks.unmap, nullptr);
   ASSERT_NE(hooks.remap, nullptr);
   ASSERT_NE(hooks.madvise, nullptr);
@@ -108,14 +108,14 @@ TEST(OwnRing, LoadsOrSaysWhy) {
   own->close();
 }
 
-TEST(OwnRing, ABuildWithoutProgramsSaysWhatItLacks) {
+TEST(ProcessRing, ABuildWithoutProgramsSaysWhatItLacks) {
   if (Programs::built()) GTEST_SKIP() << "this build has the programs";
   Programs *programs = nullptr;
   EXPECT_EQ(Programs::load(&programs), MRC_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(mrc_last_error()).find("libbpf"), std::string::npos);
 }
 
-TEST(OwnRing, EveryKindOfChangeLeavesARecordBeforeItsCallReturns) {
+TEST(ProcessRing, EveryKindOfChangeLeavesARecordBeforeItsCallReturns) {
   OPEN_OR_SKIP(own);
   uint8_t *unmapped = map_touched(4 * kPage);
   uint8_t *advised = map_touched(4 * kPage);
@@ -153,7 +153,7 @@ TEST(OwnRing, EveryKindOfChangeLeavesARecordBeforeItsCallReturns) {
   own->close();
 }
 
-TEST(OwnRing, ShmBrkAndIoUringChangesLeaveRecords) {
+TEST(ProcessRing, ShmBrkAndIoUringChangesLeaveRecords) {
   OPEN_OR_SKIP(own);
   // shmat(SHM_REMAP) over a mapping (userfaultfd reports nothing for it), then shmdt.
   const int shm = shmget(IPC_PRIVATE, 2 * kPage, IPC_CREAT | 0600);
@@ -203,7 +203,7 @@ TEST(OwnRing, ShmBrkAndIoUringChangesLeaveRecords) {
   own->close();
 }
 
-TEST(OwnRing, AnotherThreadsAndAVforkChildsChangesReachTheRingAForkChildsDoNot) {
+TEST(ProcessRing, AnotherThreadsAndAVforkChildsChangesReachTheRingAForkChildsDoNot) {
   OPEN_OR_SKIP(own);
   uint8_t *by_thread = map_touched(kPage);
   uint8_t *by_vfork = map_touched(kPage);
@@ -231,7 +231,7 @@ TEST(OwnRing, AnotherThreadsAndAVforkChildsChangesReachTheRingAForkChildsDoNot) 
   own->close();
 }
 
-TEST(OwnRing, AFullRingCountsWhatItDroppedAndStaysUnquietUntilPurged) {
+TEST(ProcessRing, AFullRingCountsWhatItDroppedAndStaysUnquietUntilPurged) {
   OPEN_OR_SKIP(own, kPage);  // one page: about 170 records of 24 bytes and their headers
   uint8_t *area = map_touched(512 * kPage);
   ASSERT_NE(area, nullptr);

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// This process's own ring (own_ring.h) and the self-test of every kind of change.
-#include "bpf/own_ring.h"
+// This process's ring (process_ring.h), the programs of its own or the daemon's, and the
+// self-test of every kind of change.
+#include "bpf/process_ring.h"
 
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -106,9 +108,29 @@ mrc_status_t self_test(RingConsumer &consumer) noexcept {
   return MRC_OK;
 }
 
-mrc_status_t OwnRing::open(size_t ring_bytes, OwnRing **out) noexcept {
+mrc_status_t ProcessRing::map_and_test(int lost_fd) noexcept {
+  mrc_status_t status = ring_.map(client_.ring_fd, client_.ring_bytes);
+  if (status != MRC_OK) return status;
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  lost_bytes_ =
+      (MRC_BPF_MAX_CLIENTS * MRC_BPF_LOST_STRIDE * sizeof(uint64_t) + page - 1) & ~(page - 1);
+  // Frozen: mappable read-only only.
+  void *lost = mmap(nullptr, lost_bytes_, PROT_READ, MAP_SHARED, lost_fd, 0);
+  if (lost == MAP_FAILED) {
+    set_last_error("bpf monitor: mmap of the lost counters: %s", strerror(errno));
+    return MRC_ERR_IO;
+  }
+  lost_ = lost;
+  RingLayout layout = ring_.layout();
+  layout.lost =
+      static_cast<const std::atomic<uint64_t> *>(lost) + size_t{client_.slot} * MRC_BPF_LOST_STRIDE;
+  consumer_.attach(layout);
+  return self_test(consumer_);
+}
+
+mrc_status_t ProcessRing::open_own(size_t ring_bytes, ProcessRing **out) noexcept {
   *out = nullptr;
-  auto *own = new (std::nothrow) OwnRing();
+  auto *own = new (std::nothrow) ProcessRing();
   if (own == nullptr) {
     set_last_error("bpf monitor: out of memory");
     return MRC_ERR_NO_MEMORY;
@@ -116,24 +138,12 @@ mrc_status_t OwnRing::open(size_t ring_bytes, OwnRing **out) noexcept {
   own->owner_ = getpid();
   mrc_status_t status = Programs::load(&own->programs_);
   if (status == MRC_OK) status = own->programs_->add_client(own->owner_, ring_bytes, &own->client_);
-  if (status == MRC_OK) status = own->ring_.map(own->client_.ring_fd, own->client_.ring_bytes);
   if (status == MRC_OK) {
-    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    own->lost_bytes_ =
-        (MRC_BPF_MAX_CLIENTS * MRC_BPF_LOST_STRIDE * sizeof(uint64_t) + page - 1) & ~(page - 1);
-    void *lost =
-        mmap(nullptr, own->lost_bytes_, PROT_READ, MAP_SHARED, own->programs_->lost_fd(), 0);
-    if (lost == MAP_FAILED) {
-      set_last_error("bpf monitor: mmap of the lost counters: %s", strerror(errno));
-      status = MRC_ERR_IO;
-    } else {
-      own->lost_ = lost;
-      RingLayout layout = own->ring_.layout();
-      layout.lost = static_cast<const std::atomic<uint64_t> *>(lost) +
-                    size_t{own->client_.slot} * MRC_BPF_LOST_STRIDE;
-      own->consumer_.attach(layout);
-      status = self_test(own->consumer_);
-    }
+    const Hooks hooks = own->programs_->hooks();
+    snprintf(own->hooks_[0], sizeof own->hooks_[0], "%s", hooks.unmap);
+    snprintf(own->hooks_[1], sizeof own->hooks_[1], "%s", hooks.remap);
+    snprintf(own->hooks_[2], sizeof own->hooks_[2], "%s", hooks.madvise);
+    status = own->map_and_test(own->programs_->lost_fd());
   }
   if (status != MRC_OK) {
     own->close();
@@ -143,15 +153,24 @@ mrc_status_t OwnRing::open(size_t ring_bytes, OwnRing **out) noexcept {
   return MRC_OK;
 }
 
-void OwnRing::close() noexcept {
+void ProcessRing::release(bool end_registration) noexcept {
+  ring_.unmap();
+  if (lost_ != nullptr) munmap(lost_, lost_bytes_);
   if (programs_ != nullptr) {
-    if (client_.ring_fd >= 0) programs_->remove_client(client_, owner_);
+    // A forked child's copy of the programs shares their maps with the parent: only the
+    // parent may take its registration out of them. Closing the copy's descriptors detaches
+    // nothing while the parent holds its own.
+    if (end_registration && client_.ring_fd >= 0) programs_->remove_client(client_, owner_);
     programs_->close();
   }
-  ring_.unmap();
   if (client_.ring_fd >= 0) ::close(client_.ring_fd);
-  if (lost_ != nullptr) munmap(lost_, lost_bytes_);
+  if (lost_fd_ >= 0) ::close(lost_fd_);
+  if (socket_ >= 0) ::close(socket_);  // the daemon forgets the process once no copy is open
   delete this;
 }
+
+void ProcessRing::close() noexcept { release(/*end_registration=*/true); }
+
+void ProcessRing::forget() noexcept { release(/*end_registration=*/false); }
 
 }  // namespace mrc::bpf
