@@ -271,6 +271,25 @@ TEST_F(CacheUnmapInFlight, FastModeIsExactForUnmapsThatReturnedBeforeTheGet) {
 
 namespace {
 
+// Where a lane asks for the eBPF monitor and provides it (MRC_BPF_REQUIRED=1), the churn above ran
+// in bpf mode, not in a fallback.
+TEST(CacheExactInfo, TheModeIsTheOneAskedFor) {
+  const char *asked = getenv("MRC_MONITOR");
+  const char *required = getenv("MRC_BPF_REQUIRED");
+  if (asked == nullptr || strcmp(asked, "bpf") != 0 || required == nullptr ||
+      strcmp(required, "1") != 0) {
+    GTEST_SKIP() << "only where MRC_MONITOR=bpf and MRC_BPF_REQUIRED=1";
+  }
+  mrc::test::CountingBackend backend;
+  mrc_cache_params_t params = backend.params("mode");
+  mrc_cache_t *cache = nullptr;
+  ASSERT_EQ(mrc_cache_create(&params, &cache), MRC_OK);
+  mrc_monitor_info_t info;
+  ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
+  EXPECT_EQ(info.mode, MRC_MONITOR_BPF) << info.reason;
+  mrc_cache_destroy(cache);
+}
+
 TEST(CacheExactInfo, TheMonitorSaysThatGetsCanProbeForUnmapsInFlight) {
   mrc_monitor_info_t info;
   ASSERT_EQ(mrc_monitor_info(&info), MRC_OK);
