@@ -12,10 +12,14 @@
 
 /* What changed (mrc_bpf_change.kind). Every range is [start, end), page-aligned; end ~0: to the
  * top. Macros, not an enum: the BPF programs' C and the library's C++ read the same values. */
-#define MRC_BPF_CHANGE_UNMAP 1   /* munmap, brk shrink, shmdt, MAP_FIXED over, mremap's unmaps */
-#define MRC_BPF_CHANGE_REMAP 2   /* mremap: the old range (moved, shrunk, DONTUNMAP) */
-#define MRC_BPF_CHANGE_MADVISE 3 /* madvise, process_madvise, io_uring: pages dropped; aux = advice */
-#define MRC_BPF_CHANGE_PURGE 6   /* a change whose range could not be read: everything */
+/* munmap, brk shrink, shmdt, MAP_FIXED over a mapping, the unmaps of an mremap */
+#define MRC_BPF_CHANGE_UNMAP 1
+/* mremap: the old range (moved, shrunk, grown, DONTUNMAP) */
+#define MRC_BPF_CHANGE_REMAP 2
+/* madvise, process_madvise, io_uring: pages dropped; aux = the advice */
+#define MRC_BPF_CHANGE_MADVISE 3
+/* a change whose range could not be read: everything */
+#define MRC_BPF_CHANGE_PURGE 6
 
 /* Which program wrote an unmap or remap record (mrc_bpf_change.aux). */
 #define MRC_BPF_HOOK_GATHER_MUNMAP 1
