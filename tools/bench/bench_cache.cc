@@ -287,6 +287,84 @@ void BM_CacheMissChurning(benchmark::State &state, Mode mode) {
 BENCHMARK_CAPTURE(BM_CacheMissChurning, exact, Mode::kExact)->UseManualTime();
 BENCHMARK_CAPTURE(BM_CacheMissChurning, fast, Mode::kFast)->UseManualTime();
 
+// The whole life of a buffer that is a new mapping: mmap, the first get, put, munmap, all
+// timed (the application pays each). Its own VMA between PROT_NONE guards at one address, so
+// every iteration does the same VMA work. <mode>: exact (churn learning on, as an application
+// gets it: the address is soon learned as churning and its gets register uncached), or
+// exact_cached (MRC_FLAG_CACHE_CHURN: every get caches, so every munmap is of cached memory and
+// the next get drains it). BM_NewMappingLifePlain: mmap and munmap alone, no get (run it before
+// any cache or UCX's rcache exists in the process: both change what munmap costs).
+struct GuardedSlot {
+  char *reserved = nullptr;
+  char *address = nullptr;
+  size_t bytes = kNewMappingPages * kPage;
+  GuardedSlot() {
+    void *p = mmap(nullptr, bytes + 2 * kPage, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    reserved = static_cast<char *>(p);
+    address = reserved + kPage;
+    if (munmap(address, bytes) != 0) std::abort();
+  }
+  ~GuardedSlot() { munmap(reserved, bytes + 2 * kPage); }
+  GuardedSlot(const GuardedSlot &) = delete;
+  GuardedSlot &operator=(const GuardedSlot &) = delete;
+  char *map() const {
+    void *p = mmap(address, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    return p == address ? address : nullptr;
+  }
+};
+
+template <typename GetPut>
+void time_new_mapping_lives(benchmark::State &state, GetPut get_put) {
+  const GuardedSlot slot;
+  for (auto _ : state) {
+    char *buffer = slot.map();
+    if (buffer == nullptr) {
+      state.SkipWithError("something else was mapped at the buffer's address");
+      break;
+    }
+    get_put(buffer);
+    munmap(buffer, slot.bytes);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_NewMappingLifePlain(benchmark::State &state) {
+  time_new_mapping_lives(state, [](void *) {});
+}
+BENCHMARK(BM_NewMappingLifePlain)->UseRealTime();
+
+void BM_CacheNewMappingLife(benchmark::State &state, bool cache_churn) {
+  static mrc_cache_t *cached_every = [] {
+    mrc_cache_params_t params;
+    mrc_cache_params_init(&params);
+    params.name = "bench-life-cached";
+    params.backend = &kNoopBackend;
+    params.flags |= MRC_FLAG_CACHE_CHURN;
+    mrc_cache_t *cache = nullptr;
+    if (mrc_cache_create(&params, &cache) != MRC_OK) std::abort();
+    return cache;
+  }();
+  mrc_cache_t *cache = cache_churn ? cached_every : ours(Mode::kExact).cache;
+  mrc_stats_t before{};
+  mrc_cache_stats(cache, &before);
+  time_new_mapping_lives(state, [cache](void *buffer) {
+    mrc_region_t *region = nullptr;
+    mrc_get(cache, buffer, kNewMappingPages * kPage, MRC_PROT_READ, &region);
+    mrc_put(cache, region);
+  });
+  mrc_stats_t after{};
+  mrc_cache_stats(cache, &after);
+  state.counters["uncached_per_op"] =
+      benchmark::Counter(static_cast<double>(after.uncacheable - before.uncacheable),
+                         benchmark::Counter::kAvgIterations);
+  report_mode(state);
+}
+BENCHMARK_CAPTURE(BM_CacheNewMappingLife, exact, false)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CacheNewMappingLife, exact_cached, true)->UseRealTime();
+
 // The floor of any syscall here. syscall() itself: glibc's getpid() may answer from a cache.
 void BM_SyscallGetpid(benchmark::State &state) {
   for (auto _ : state) benchmark::DoNotOptimize(syscall(SYS_getpid));
@@ -482,6 +560,17 @@ void BM_UcxRcacheMissChurning(benchmark::State &state) {
   });
 }
 BENCHMARK(BM_UcxRcacheMissChurning)->UseManualTime();
+
+// UCX's twin of BM_CacheNewMappingLife: its munmap hook invalidates the region.
+void BM_UcxRcacheNewMappingLife(benchmark::State &state) {
+  Ucx &u = ucx();
+  time_new_mapping_lives(state, [&u](void *buffer) {
+    ucs_rcache_region_t *region = nullptr;
+    ucs_rcache_get(u.rcache, buffer, kNewMappingPages * kPage, PROT_READ, nullptr, &region);
+    ucs_rcache_region_put(u.rcache, region);
+  });
+}
+BENCHMARK(BM_UcxRcacheNewMappingLife)->UseRealTime();
 
 #endif  // MRC_HAVE_UCX
 
