@@ -5,6 +5,7 @@
 
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,12 +45,28 @@ bool record_shows(RingConsumer &consumer, ChangeKind kind, uintptr_t start, uint
   return false;
 }
 
-void *map_pages(size_t bytes, void *at = nullptr, int extra_flags = 0) noexcept {
-  void *p =
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  memset(p, 1, bytes);  // pages to drop
-  return p;
+// The changes go to the kernel by raw system calls: the self-test proves the kernel's hooks, and
+// a library that interposes libc's wrappers (UCX 1.13's libucm drops mremap's fifth argument)
+// must not make them fail or look missed.
+long sys_mmap(void *at, size_t bytes, int extra_flags) noexcept {
+  return syscall(SYS_mmap, at, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | extra_flags, -1, 0);
+}
+
+uint8_t *map_pages(size_t bytes, void *at = nullptr, int extra_flags = 0) noexcept {
+  const long p = sys_mmap(at, bytes, extra_flags);
+  if (p < 0 && p > -4096) return nullptr;         // a raw system call returns -errno
+  memset(reinterpret_cast<void *>(p), 1, bytes);  // pages to drop
+  return reinterpret_cast<uint8_t *>(p);
+}
+
+// A raw call's result: true when it succeeded; else errno holds why.
+bool succeeded(long result) noexcept {
+  if (result < 0 && result > -4096) {
+    errno = static_cast<int>(-result);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -57,55 +74,54 @@ void *map_pages(size_t bytes, void *at = nullptr, int extra_flags = 0) noexcept 
 mrc_status_t self_test(RingConsumer &consumer) noexcept {
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   // Two scratch areas of four pages; every step leaves them mapped or unmaps them itself.
-  auto *a = static_cast<uint8_t *>(map_pages(4 * page));
-  auto *b = static_cast<uint8_t *>(map_pages(4 * page));
+  uint8_t *a = map_pages(4 * page);
+  uint8_t *b = map_pages(4 * page);
   if (a == nullptr || b == nullptr) {
-    if (a != nullptr) munmap(a, 4 * page);
-    if (b != nullptr) munmap(b, 4 * page);
-    set_last_error("bpf monitor self-test: mmap: %s", strerror(errno));
+    const int error = errno;
+    if (a != nullptr) syscall(SYS_munmap, a, 4 * page);
+    if (b != nullptr) syscall(SYS_munmap, b, 4 * page);
+    set_last_error("bpf monitor self-test: mmap: %s", strerror(error));
     return MRC_ERR_NO_MEMORY;
   }
   const auto at = [](const uint8_t *p) { return reinterpret_cast<uintptr_t>(p); };
-  const char *failed = nullptr;
-  // munmap of a part.
-  munmap(a + 3 * page, page);
-  if (!record_shows(consumer, ChangeKind::Unmap, at(a + 3 * page), at(a + 4 * page))) {
-    failed = "munmap";
-  }
-  // madvise(MADV_DONTNEED).
-  if (failed == nullptr) {
-    madvise(a, page, MADV_DONTNEED);
-    if (!record_shows(consumer, ChangeKind::Madvise, at(a), at(a + page))) failed = "madvise";
-  }
-  // mmap(MAP_FIXED) over a mapping.
-  if (failed == nullptr) {
-    if (map_pages(page, a + page, MAP_FIXED) == nullptr ||
-        !record_shows(consumer, ChangeKind::Unmap, at(a + page), at(a + 2 * page))) {
-      failed = "mmap(MAP_FIXED) over a mapping";
+  struct Step {
+    const char *name;
+    ChangeKind kind;
+    uintptr_t start, end;
+  };
+  // Each change and the record it must leave: munmap of a part, madvise(MADV_DONTNEED),
+  // mmap(MAP_FIXED) over a mapping, a shrinking mremap (its old range), a moving one onto `a`
+  // (its old range; the unmap of the target reports too).
+  const Step steps[] = {
+      {"munmap", ChangeKind::Unmap, at(a + 3 * page), at(a + 4 * page)},
+      {"madvise(MADV_DONTNEED)", ChangeKind::Madvise, at(a), at(a + page)},
+      {"mmap(MAP_FIXED) over a mapping", ChangeKind::Unmap, at(a + page), at(a + 2 * page)},
+      {"mremap (shrinking)", ChangeKind::Remap, at(b), at(b + 4 * page)},
+      {"mremap (moving)", ChangeKind::Remap, at(b), at(b + 3 * page)},
+  };
+  const auto change = [&](size_t step) -> long {
+    switch (step) {
+      case 0: return syscall(SYS_munmap, a + 3 * page, page);
+      case 1: return syscall(SYS_madvise, a, page, MADV_DONTNEED);
+      case 2: return sys_mmap(a + page, page, MAP_FIXED);
+      case 3: return syscall(SYS_mremap, b, 4 * page, 3 * page, 0, 0);
+      default: return syscall(SYS_mremap, b, 3 * page, 3 * page, MREMAP_MAYMOVE | MREMAP_FIXED, a);
+    }
+  };
+  mrc_status_t status = MRC_OK;
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0] && status == MRC_OK; ++i) {
+    if (!succeeded(change(i))) {
+      set_last_error("bpf monitor self-test: %s failed: %s", steps[i].name, strerror(errno));
+      status = MRC_ERR_IO;
+    } else if (!record_shows(consumer, steps[i].kind, steps[i].start, steps[i].end)) {
+      set_last_error("bpf monitor self-test: %s left no record in the ring", steps[i].name);
+      status = MRC_ERR_UNSUPPORTED;
     }
   }
-  // A shrinking mremap: its old range.
-  if (failed == nullptr) {
-    if (mremap(b, 4 * page, 3 * page, 0) == MAP_FAILED ||
-        !record_shows(consumer, ChangeKind::Remap, at(b), at(b + 4 * page))) {
-      failed = "mremap (shrinking)";
-    }
-  }
-  // A moving mremap onto a: its old range (the unmap of the target reports too).
-  if (failed == nullptr) {
-    if (mremap(b, 3 * page, 3 * page, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED ||
-        !record_shows(consumer, ChangeKind::Remap, at(b), at(b + 3 * page))) {
-      failed = "mremap (moving)";
-    }
-  }
-  munmap(a, 4 * page);
-  munmap(b, 4 * page);
+  syscall(SYS_munmap, a, 4 * page);
+  syscall(SYS_munmap, b, 4 * page);
   record_shows(consumer, ChangeKind::Unmap, at(b), at(b + 4 * page));
-  if (failed != nullptr) {
-    set_last_error("bpf monitor self-test: %s left no record in the ring", failed);
-    return MRC_ERR_UNSUPPORTED;
-  }
-  return MRC_OK;
+  return status;
 }
 
 mrc_status_t ProcessRing::map_and_test(int lost_fd) noexcept {

@@ -138,13 +138,16 @@ class Subscription {
 // ---- inline ----
 
 inline Subscription::Unmaps Subscription::probe_unmaps() const noexcept {
-  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
   // Acquire: pairs with start_locked()'s release, so a descriptor seen here is the monitor's.
   const int fd = detail::g_probe_fd.load(std::memory_order_acquire);
+  // No userfaultfd (bpf mode, uncached): no kernel answer to order, so no fence either; bpf
+  // mode's check is the ring's, in quiescent() (docs/DESIGN.md, "The eBPF monitor's mode").
+  if (fd == detail::kProbeNoMonitor) return Unmaps::Read;
+  const int saved_errno = errno;  // a get that succeeds leaves the application's errno alone
   Unmaps answer = Unmaps::Read;
   if (fd == detail::kProbeRefused) {
     answer = Unmaps::Unprobeable;
-  } else if (fd != detail::kProbeNoMonitor) {
+  } else {
     switch (detail::probe_mmap_changing(fd)) {
       case detail::ProbeAnswer::Clear: break;
       case detail::ProbeAnswer::Changing: answer = Unmaps::InFlight; break;
