@@ -8,7 +8,8 @@
 # source clang-tidy cannot parse), 2 on a usage error.
 #
 # usage: scripts/check-naming.sh BUILD_DIR
-#   BUILD_DIR  a configured build (CMAKE_EXPORT_COMPILE_COMMANDS is on; nothing needs building)
+#   BUILD_DIR  a configured build (CMAKE_EXPORT_COMPILE_COMMANDS is on); only the headers the build
+#              generates are built here (target mrc_generated_headers: the eBPF skeleton)
 # env: CLANG_TIDY (default clang-tidy), MRC_JOBS (default nproc)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,12 @@ libs='base|pgtable|uffd|backends|bpf|core'
 db=$build/compile_commands.json
 [[ -f $db ]] || { echo "check-naming: no $db (configure a build first)" >&2; exit 2; }
 command -v "$tidy" >/dev/null || { echo "check-naming: $tidy not found (scripts/setup.sh)" >&2; exit 2; }
+
+# Sources include generated headers (bpf/changes.skel.h): clang-tidy parses them, so they must be.
+if [[ -f $build/build.ninja ]] && grep -q '^build mrc_generated_headers:' "$build/build.ninja"; then
+  ninja -C "$build" mrc_generated_headers >/dev/null ||
+    { echo "check-naming: building the generated headers failed" >&2; exit 2; }
+fi
 
 # The "file" entries of the compilation database, relative to the repository.
 mapfile -t files < <(grep -oE '"file": *"[^"]+"' "$db" | sed -E 's/"file": *"(.*)"/\1/' |
